@@ -1,0 +1,1 @@
+"""bench room of mlxlaunch (see DESIGN.md)."""

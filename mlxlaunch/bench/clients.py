@@ -1,0 +1,203 @@
+"""Streaming clients that time one request: Anthropic Messages SSE and OpenAI chat SSE.
+
+Time to first token is the time from sending the request to the first content delta (text,
+thinking or tool-call input) — what a user waits for — not to the first byte, because servers
+send `message_start` or pings before any token exists.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+
+from mlxlaunch.bench.wire import anthropic_body, openai_body
+from mlxlaunch.bench.workloads import Conversation
+
+
+@dataclass
+class StreamTiming:
+    """What one streamed request measured. Times are seconds from sending the request."""
+
+    ttft_s: float | None = None
+    token_times: list[float] = field(default_factory=list)  # arrival of each content delta
+    total_s: float = 0.0
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    output_tokens: int | None = None
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every raw figure, for the JSON report."""
+        return {
+            "ttft_s": self.ttft_s,
+            "total_s": self.total_s,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "output_tokens": self.output_tokens,
+            "token_times_s": self.token_times,
+            "error": self.error,
+        }
+
+
+class Target(Protocol):
+    """A server under test: a name and a way to time one request."""
+
+    name: str
+
+    async def measure(self, conversation: Conversation, max_tokens: int) -> StreamTiming: ...
+
+    async def aclose(self) -> None: ...
+
+
+async def _sse_data(response: httpx.Response) -> AsyncIterator[tuple[str, str]]:
+    """(event, data) pairs of a server-sent-event stream; event is "" when not named."""
+    event = ""
+    data: list[str] = []
+    async for line in response.aiter_lines():
+        if not line:
+            if data:
+                yield event, "\n".join(data)
+            event, data = "", []
+        elif line.startswith("event:"):
+            event = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].lstrip())
+    if data:
+        yield event, "\n".join(data)
+
+
+async def _timed_stream(
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    on_event: Callable[[str, str, StreamTiming, float], None],
+    clock: Callable[[], float],
+) -> StreamTiming:
+    timing = StreamTiming()
+    start = clock()
+    try:
+        async with client.stream("POST", url, json=body, headers=headers) as response:
+            if response.status_code != 200:
+                text = (await response.aread()).decode(errors="replace")
+                timing.error = f"HTTP {response.status_code}: {text[:300]}"
+            else:
+                async for event, data in _sse_data(response):
+                    on_event(event, data, timing, clock() - start)
+    except httpx.HTTPError as exc:
+        timing.error = f"{type(exc).__name__}: {exc}"
+    timing.total_s = clock() - start
+    return timing
+
+
+def _content_arrived(timing: StreamTiming, now: float) -> None:
+    if timing.ttft_s is None:
+        timing.ttft_s = now
+    timing.token_times.append(now)
+
+
+def on_anthropic_event(event: str, data: str, timing: StreamTiming, now: float) -> None:
+    """Fold one Anthropic SSE event into `timing` (usage from message_start / message_delta)."""
+    payload = json.loads(data)
+    kind = payload.get("type", event)
+    if kind == "message_start":
+        usage = payload["message"].get("usage") or {}
+        cached = usage.get("cache_read_input_tokens") or 0
+        created = usage.get("cache_creation_input_tokens") or 0
+        timing.prompt_tokens = (usage.get("input_tokens") or 0) + cached + created
+        timing.cached_tokens = cached
+    elif kind == "content_block_delta":
+        _content_arrived(timing, now)
+    elif kind == "message_delta":
+        usage = payload.get("usage") or {}
+        if usage.get("output_tokens") is not None:
+            timing.output_tokens = usage["output_tokens"]
+    elif kind == "error":
+        timing.error = json.dumps(payload.get("error"))
+
+
+def on_openai_event(event: str, data: str, timing: StreamTiming, now: float) -> None:
+    """Fold one OpenAI chat-completion chunk into `timing` (usage from the last chunk)."""
+    if data == "[DONE]":
+        return
+    payload = json.loads(data)
+    for choice in payload.get("choices") or []:
+        delta = choice.get("delta") or {}
+        if delta.get("content") or delta.get("reasoning") or delta.get("tool_calls"):
+            _content_arrived(timing, now)
+    usage = payload.get("usage")
+    if usage:
+        timing.prompt_tokens = usage.get("prompt_tokens")
+        timing.output_tokens = usage.get("completion_tokens")
+        timing.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    if "error" in payload:
+        timing.error = json.dumps(payload["error"])
+
+
+class AnthropicTarget:
+    """This project's server (or any Anthropic-compatible one), over `POST /v1/messages`."""
+
+    def __init__(
+        self,
+        name: str,
+        base_url: str,
+        *,
+        auth_token: str | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.name = name
+        self.base_url = base_url.rstrip("/")
+        self._headers = {"anthropic-version": "2023-06-01", "x-api-key": auth_token or "bench"}
+        if auth_token:
+            self._headers["authorization"] = f"Bearer {auth_token}"
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(3600.0, connect=10.0))
+        self._clock = clock
+
+    async def measure(self, conversation: Conversation, max_tokens: int) -> StreamTiming:
+        """Send one streaming request and time it."""
+        body = anthropic_body(conversation, max_tokens=max_tokens)
+        return await _timed_stream(
+            self._client,
+            f"{self.base_url}/v1/messages",
+            body,
+            self._headers,
+            on_anthropic_event,
+            self._clock,
+        )
+
+    async def aclose(self) -> None:
+        """Close the HTTP connections."""
+        await self._client.aclose()
+
+
+class OpenAITarget:
+    """mlx-lm's own server, over `POST /v1/chat/completions` with `stream: true`."""
+
+    def __init__(
+        self, name: str, base_url: str, *, clock: Callable[[], float] = time.perf_counter
+    ) -> None:
+        self.name = name
+        self.base_url = base_url.rstrip("/")
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(3600.0, connect=10.0))
+        self._clock = clock
+
+    async def measure(self, conversation: Conversation, max_tokens: int) -> StreamTiming:
+        """Send one streaming request and time it."""
+        body = openai_body(conversation, max_tokens=max_tokens)
+        return await _timed_stream(
+            self._client,
+            f"{self.base_url}/v1/chat/completions",
+            body,
+            {},
+            on_openai_event,
+            self._clock,
+        )
+
+    async def aclose(self) -> None:
+        """Close the HTTP connections."""
+        await self._client.aclose()

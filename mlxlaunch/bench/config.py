@@ -1,0 +1,68 @@
+"""How big a benchmark run is: turns, tokens, repetitions, concurrency levels."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """The sizes of every workload.
+
+    Args:
+        quick: shortened Claude Code prompt and small sizes (under a minute with a tiny model).
+        turns: requests in the agent session (turn 1 plus one per tool round trip).
+        tool_result_chars: characters of each tool result appended per turn.
+        turn_max_tokens: tokens generated per agent/new-session turn (TTFT is what counts).
+        warm_sessions: fresh sessions started after the agent session (warm new-session TTFT).
+        decode_tokens: tokens per single-stream decode run.
+        decode_runs: single-stream decode runs per server.
+        concurrency: numbers of simultaneous streams.
+        concurrency_tokens: tokens each concurrent stream generates.
+    """
+
+    quick: bool = False
+    turns: int = 6
+    tool_result_chars: int = 3_000
+    turn_max_tokens: int = 16
+    warm_sessions: int = 2
+    decode_tokens: int = 128
+    decode_runs: int = 3
+    concurrency: tuple[int, ...] = (1, 2, 4, 8)
+    concurrency_tokens: int = 64
+
+    @classmethod
+    def create(cls, *, quick: bool = False, **overrides: Any) -> BenchConfig:
+        """Defaults for a full or a `--quick` run, with `overrides` (None values ignored)."""
+        base = cls.quick_defaults() if quick else cls()
+        return replace(base, **{k: v for k, v in overrides.items() if v is not None})
+
+    @classmethod
+    def quick_defaults(cls) -> BenchConfig:
+        """Every workload, both servers, small sizes."""
+        return cls(
+            quick=True,
+            turns=3,
+            tool_result_chars=1_500,
+            turn_max_tokens=4,
+            warm_sessions=1,
+            decode_tokens=32,
+            decode_runs=1,
+            concurrency=(1, 2, 4, 8),
+            concurrency_tokens=12,
+        )
+
+    def __post_init__(self) -> None:
+        if self.turns < 1 or self.decode_runs < 1 or self.warm_sessions < 1:
+            raise ValueError("turns, decode_runs and warm_sessions must be at least 1")
+        if not self.concurrency or min(self.concurrency) < 1:
+            raise ValueError("concurrency levels must be positive")
+        if min(self.turn_max_tokens, self.decode_tokens, self.concurrency_tokens) < 1:
+            raise ValueError("token counts must be at least 1")
+
+    def as_dict(self) -> dict[str, Any]:
+        """For the JSON report."""
+        data = asdict(self)
+        data["concurrency"] = list(self.concurrency)
+        return data

@@ -1,0 +1,1 @@
+"""Captured Claude Code prompt data shipped with the benchmark."""

@@ -1,0 +1,109 @@
+"""The report: a rich table for the terminal and one JSON document with every raw figure."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from mlxlaunch.bench.summary import SummaryRow
+
+SCHEMA = "mlxlaunch.bench/1"
+
+
+def format_value(value: float | None, unit: str) -> str:
+    """A figure for the table: seconds below one as milliseconds, rates without decimals."""
+    if value is None:
+        return "—"
+    if unit == "s":
+        return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
+    if unit == "ms":
+        return f"{value:.1f} ms"
+    return f"{value:.0f} tok/s" if value >= 100 else f"{value:.1f} tok/s"
+
+
+def format_speedup(value: float | None) -> str:
+    """`1.25×` in green when ours is better by 5% or more, red when worse by as much."""
+    if value is None:
+        return "—"
+    style = "green" if value >= 1.05 else "red" if value <= 0.95 else ""
+    text = f"{value:.2f}×"
+    return f"[{style}]{text}[/]" if style else text
+
+
+def render_table(rows: list[SummaryRow], ours: str, peer: str | None, title: str) -> Table:
+    """The summary table: a column per server, their ratio, and the in-process limit.
+
+    speedup > 1: ours is better. limit: the in-process prefill floor or decode ceiling.
+    """
+    caption = "limit: in-process prefill floor / decode ceiling"
+    if peer:
+        caption = "speedup > 1: ours better · " + caption
+    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+    table.add_column("workload", style="bold")
+    table.add_column("metric")
+    table.add_column(ours, justify="right")
+    if peer:
+        table.add_column(peer, justify="right")
+        table.add_column("speedup", justify="right")
+    table.add_column("limit", justify="right", style="dim")
+    previous = ""
+    for row in rows:
+        cells = [row.workload if row.workload != previous else "", row.metric]
+        for name in [ours, peer] if peer else [ours]:
+            cell = format_value(row.values.get(name), row.unit) if row.values else ""
+            note = row.notes.get(name)
+            cells.append(f"{cell} [dim]({note})[/]" if note else cell)
+        if peer:
+            cells.append(format_speedup(row.speedup(ours, peer)) if row.values else "")
+        cells.append(format_value(row.limit, row.unit) if row.limit is not None else "")
+        table.add_row(*cells)
+        previous = row.workload
+    return table
+
+
+def build_report(
+    *,
+    config: dict[str, Any],
+    machine: dict[str, Any],
+    model: dict[str, Any],
+    targets: dict[str, dict[str, Any]],
+    servers: dict[str, Any],
+    limits: dict[str, Any],
+    rows: list[SummaryRow],
+    ours: str,
+    peer: str | None,
+    started: datetime | None = None,
+    elapsed_s: float | None = None,
+) -> dict[str, Any]:
+    """The JSON document: run description, every raw figure, and the summary rows."""
+    return {
+        "schema": SCHEMA,
+        "date": (started or datetime.now(UTC)).isoformat(timespec="seconds"),
+        "elapsed_s": elapsed_s,
+        "config": config,
+        "machine": machine,
+        "model": model,
+        "targets": targets,
+        "ours": ours,
+        "peer": peer,
+        "workloads": {
+            "agent_session": servers["agent_session"],
+            "new_session": servers["new_session"],
+            "concurrency": servers["concurrency"],
+            "decode": {"runs": servers["decode"], "ceiling": limits["decode_ceiling"]},
+            "prefill_floor": limits["prefill_floor"],
+            "warmup": servers["warmup"],
+        },
+        "summary": [r.as_dict(ours, peer or "") for r in rows],
+    }
+
+
+def write_json(report: dict[str, Any], path: Path) -> Path:
+    """Write the report to `path` (parents created)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    return path

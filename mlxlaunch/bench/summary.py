@@ -1,0 +1,218 @@
+"""From raw figures to the rows of the report: one row per workload and metric, per server."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlxlaunch.bench.stats import intervals, percentile, speedup, summarize, throughput
+
+
+@dataclass
+class SummaryRow:
+    """One metric of one workload: a figure per server and the in-process limit, if any."""
+
+    workload: str
+    metric: str
+    unit: str  # "s", "ms" or "tok/s"
+    higher_is_better: bool
+    values: dict[str, float | None]
+    limit: float | None = None
+    notes: dict[str, str] = field(default_factory=dict)
+    # False where a ratio would mislead: inter-token gaps of a server that sends tokens in
+    # bursts are ~0, which says nothing about its speed.
+    compare: bool = True
+
+    def speedup(self, ours: str, peer: str) -> float | None:
+        """How many times better `ours` is than `peer` on this row (>1: ours is better)."""
+        if not self.compare:
+            return None
+        return speedup(
+            self.values.get(ours), self.values.get(peer), higher_is_better=self.higher_is_better
+        )
+
+    def as_dict(self, ours: str, peer: str) -> dict[str, Any]:
+        """For the JSON report."""
+        return {
+            "workload": self.workload,
+            "metric": self.metric,
+            "unit": self.unit,
+            "higher_is_better": self.higher_is_better,
+            "values": self.values,
+            "limit": self.limit,
+            "speedup": self.speedup(ours, peer),
+            "notes": self.notes,
+        }
+
+
+def _p(values: Iterable[float | None], p: float) -> float | None:
+    present = [v for v in values if v is not None]
+    return percentile(present, p) if present else None
+
+
+def _cache_note(timing: dict[str, Any]) -> str:
+    if timing.get("error"):
+        return "error: " + str(timing["error"])[:60]
+    prompt, cached = timing.get("prompt_tokens"), timing.get("cached_tokens")
+    if prompt is None:
+        return ""
+    return f"{_k(cached or 0)}/{_k(prompt)} cached"
+
+
+def _k(tokens: int) -> str:
+    return f"{tokens / 1000:.1f}k" if tokens >= 1000 else str(tokens)
+
+
+def _floor(limits: dict[str, Any], label: str) -> float | None:
+    for sample in limits.get("prefill_floor", []):
+        if sample["label"] == label:
+            return float(sample["seconds"])
+    return None
+
+
+def _session_rows(servers: dict[str, Any], limits: dict[str, Any]) -> list[SummaryRow]:
+    names: list[str] = servers["targets"]
+    cold = servers["new_session"]["cold"]
+    rows = [
+        SummaryRow(
+            "new-session", "cold TTFT", "s", False,
+            {n: cold[n]["ttft_s"] for n in names}, _floor(limits, "cold"),
+            {n: _cache_note(cold[n]) for n in names},
+        )
+    ]  # fmt: skip
+    warm = servers["new_session"]["warm"]
+    warm_floors = [_floor(limits, f"warm {i}") for i in range(1, len(warm) + 1)]
+    rows.append(
+        SummaryRow(
+            "new-session", "warm TTFT p50", "s", False,
+            {n: _p((w[n]["ttft_s"] for w in warm), 50) for n in names}, _p(warm_floors, 50),
+            {n: _cache_note(warm[-1][n]) for n in names},
+        )
+    )  # fmt: skip
+    for turn in servers["agent_session"]:
+        results = turn["results"]
+        rows.append(
+            SummaryRow(
+                "agent-session", f"turn {turn['turn']} TTFT", "s", False,
+                {n: results[n]["ttft_s"] for n in names}, _floor(limits, f"turn {turn['turn']}"),
+                {n: _cache_note(results[n]) for n in names},
+            )
+        )  # fmt: skip
+    later = servers["agent_session"][1:]
+    if later:
+        rows.append(
+            SummaryRow(
+                "agent-session", f"turns 2–{len(later) + 1} TTFT p50", "s", False,
+                {n: _p((t["results"][n]["ttft_s"] for t in later), 50) for n in names},
+                _p((_floor(limits, f"turn {t['turn']}") for t in later), 50),
+            )
+        )  # fmt: skip
+    return rows
+
+
+def _decode_rows(servers: dict[str, Any], limits: dict[str, Any]) -> list[SummaryRow]:
+    names: list[str] = servers["targets"]
+    runs = servers["decode"]
+    ceiling = limits.get("decode_ceiling", [])
+    rows = [
+        SummaryRow(
+            "decode", "tokens/s end to end p50", "tok/s", True,
+            {n: _p((r[n]["tokens_per_s"] for r in runs), 50) for n in names},
+            _p((c["tokens_per_s"] for c in ceiling), 50),
+            {n: f"{runs[-1][n].get('output_tokens')} tokens" for n in names},
+        )
+    ]  # fmt: skip
+    itl = {n: [i for r in runs for i in intervals(r[n]["token_times_s"])] for n in names}
+    ceiling_itl = [i for c in ceiling for i in intervals(c["token_times_s"])]
+    for p in (50, 90, 99):
+        rows.append(
+            SummaryRow(
+                "decode", f"inter-token p{p}", "ms", False,
+                {n: _ms(_p(itl[n], p)) for n in names}, _ms(_p(ceiling_itl, p)), compare=False,
+            )
+        )  # fmt: skip
+    return rows
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
+
+
+def concurrency_figures(run: dict[str, Any]) -> dict[str, Any]:
+    """Aggregate and per-stream figures of one K-stream run on one server.
+
+    Aggregate tokens/s is every stream's output over the wall time of them all (what the
+    machine delivers); per-stream is each stream's output over its own request time. Both count
+    whole requests, so a server that sends tokens in bursts cannot look faster than it is.
+    """
+    streams = run["streams"]
+    output = sum(s.get("output_tokens") or len(s["token_times_s"]) for s in streams)
+    per_stream = [
+        rate
+        for s in streams
+        if (rate := throughput(s.get("output_tokens") or len(s["token_times_s"]), s["total_s"]))
+    ]
+    ttfts = [s["ttft_s"] for s in streams if s["ttft_s"] is not None]
+    return {
+        "aggregate_tokens_per_s": throughput(output, run["wall_s"]),
+        "per_stream_tokens_per_s": summarize(per_stream),
+        "ttft_s": summarize(ttfts),
+        "errors": sum(1 for s in streams if s.get("error")),
+    }
+
+
+def _concurrency_rows(servers: dict[str, Any]) -> list[SummaryRow]:
+    names: list[str] = servers["targets"]
+    rows = []
+    for level in servers["concurrency"]:
+        k = level["streams"]
+        figures = {n: concurrency_figures(level["results"][n]) for n in names}
+        errors = {n: f"{f['errors']} failed" for n, f in figures.items() if f["errors"]}
+        label = f"concurrency {k}"
+        rows += [
+            SummaryRow(
+                label, "aggregate tokens/s", "tok/s", True,
+                {n: figures[n]["aggregate_tokens_per_s"] for n in names}, notes=errors,
+            ),
+            SummaryRow(
+                label, "per-stream tokens/s p50", "tok/s", True,
+                {n: figures[n]["per_stream_tokens_per_s"].get("p50") for n in names},
+            ),
+            SummaryRow(
+                label, "TTFT p50", "s", False, {n: figures[n]["ttft_s"].get("p50") for n in names}
+            ),
+            SummaryRow(
+                label, "TTFT p90", "s", False, {n: figures[n]["ttft_s"].get("p90") for n in names}
+            ),
+        ]  # fmt: skip
+    return rows
+
+
+def _floor_rows(limits: dict[str, Any]) -> list[SummaryRow]:
+    return [
+        SummaryRow(
+            "prefill floor", f"{f['label']}: {_k(f['new_tokens'])} new of {_k(f['prompt_tokens'])}",
+            "s", False, {}, float(f["seconds"]),
+        )
+        for f in limits.get("prefill_floor", [])
+    ]  # fmt: skip
+
+
+WORKLOADS = ("agent-session", "new-session", "concurrency", "decode", "prefill floor")
+
+
+def workload_of(row: SummaryRow) -> str:
+    """The workload a row belongs to ("concurrency 4" belongs to "concurrency")."""
+    return next(w for w in WORKLOADS if row.workload.startswith(w))
+
+
+def summary_rows(servers: dict[str, Any], limits: dict[str, Any]) -> list[SummaryRow]:
+    """Every row of the report, grouped by workload in the order of WORKLOADS."""
+    rows = (
+        _session_rows(servers, limits)
+        + _decode_rows(servers, limits)
+        + _concurrency_rows(servers)
+        + _floor_rows(limits)
+    )
+    return sorted(rows, key=lambda r: WORKLOADS.index(workload_of(r)))

@@ -1,0 +1,1 @@
+"""cli room of mlxlaunch (see DESIGN.md)."""

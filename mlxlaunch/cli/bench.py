@@ -1,0 +1,142 @@
+"""`mlx bench`: how fast this machine serves a model, next to mlx-lm's own server."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from mlxlaunch.bench.chart import turn_ttft_svg
+from mlxlaunch.bench.config import BenchConfig
+from mlxlaunch.bench.report import render_table, write_json
+from mlxlaunch.cli.app import app
+from mlxlaunch.errors import ConfigError
+from mlxlaunch.launch.models import resolve_name
+
+
+class ProgressBars:
+    """A rich progress bar per phase of the run (a ProgressSink)."""
+
+    def __init__(self, progress: Progress) -> None:
+        self._progress = progress
+        self._task: TaskID | None = None
+
+    def begin(self, description: str, steps: int) -> None:
+        """Fill the previous phase's bar and start a new one."""
+        if self._task is not None:
+            self._progress.update(self._task, completed=self._progress.tasks[-1].total)
+        self._task = self._progress.add_task(description, total=steps)
+
+    def advance(self) -> None:
+        """One step of the current phase done."""
+        if self._task is not None:
+            self._progress.advance(self._task)
+
+
+def _levels(text: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise ConfigError(f"--concurrency takes numbers like 1,2,4,8, not {text!r}") from None
+    if not levels or min(levels) < 1:
+        raise ConfigError("--concurrency levels must be positive")
+    return levels
+
+
+@app.command("bench")
+def bench(
+    model: Annotated[
+        str, typer.Option("--model", "-m", help="Model: alias, org/repo, path, or tiny/small.")
+    ],
+    quick: Annotated[
+        bool,
+        typer.Option("--quick", help="Short prompt, few turns: a smoke run in under a minute."),
+    ] = False,
+    url: Annotated[
+        str | None,
+        typer.Option("--url", help="Benchmark our server already running here (same --model)."),
+    ] = None,
+    auth_token: Annotated[
+        str | None,
+        typer.Option("--auth-token", envvar="MLX_BENCH_AUTH_TOKEN", help="Bearer token for --url."),
+    ] = None,
+    peer: Annotated[
+        bool, typer.Option("--peer/--no-peer", help="Also run mlx-lm's own server (mlx_lm.server).")
+    ] = True,
+    turns: Annotated[int | None, typer.Option(help="Agent-session turns.")] = None,
+    tool_result_chars: Annotated[
+        int | None, typer.Option(help="Characters of each tool result.")
+    ] = None,
+    decode_tokens: Annotated[int | None, typer.Option(help="Tokens per decode run.")] = None,
+    runs: Annotated[int | None, typer.Option(help="Decode runs per server.")] = None,
+    concurrency: Annotated[
+        str | None, typer.Option(help="Simultaneous streams to try, e.g. 1,2,4,8.")
+    ] = None,
+    out: Annotated[
+        Path, typer.Option("--out", help="Directory for the JSON report and the SVG chart.")
+    ] = Path("mlx-bench"),
+) -> None:
+    """Measure time to first token over a Claude Code session, decode speed and concurrency.
+
+    Every workload runs on this project's server and on mlx-lm's `mlx_lm.server` with the same
+    model and prompts, alternating; the table shows both and their ratio, next to the
+    in-process limits (prefill floor, decode ceiling).
+
+    Examples:
+
+      mlx bench --quick --model tiny
+
+      mlx bench --model qwen-coder-7b --turns 8
+
+      mlx bench --model ./my-model --url http://127.0.0.1:8080 --no-peer
+    """
+    config = BenchConfig.create(
+        quick=quick,
+        turns=turns,
+        tool_result_chars=tool_result_chars,
+        decode_tokens=decode_tokens,
+        decode_runs=runs,
+        concurrency=_levels(concurrency) if concurrency else None,
+    )
+    console = Console()
+    if not console.is_terminal:  # logs and CI: don't wrap the table at 80 columns
+        console = Console(width=140)
+    # Imported here: the harness pulls in mlx-lm, which every other `mlx` command must not pay for.
+    from mlxlaunch.bench.harness import BenchOptions, run_benchmark
+
+    model_dir = resolve_name(model)
+    options = BenchOptions(str(model_dir), model, config, url=url, auth_token=auth_token, peer=peer)
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=True) as progress:
+        outcome = asyncio.run(run_benchmark(options, ProgressBars(progress)))
+    for warning in outcome.warnings:
+        console.print(f"[yellow]warning:[/] {warning}")
+    report = outcome.report
+    machine = report["machine"]
+    title = (
+        f"mlx bench · {report['date']} · model {model} · {machine['device']} · "
+        f"{machine['blas']} · {machine['cpu_count']} CPUs" + (" · quick" if quick else "")
+    )
+    console.print(render_table(outcome.rows, outcome.ours, outcome.peer, title))
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    json_path = write_json(report, out / f"bench-{stamp}.json")
+    chart_path = out / f"bench-{stamp}-ttft.svg"
+    chart_path.write_text(turn_ttft_svg(outcome.servers, outcome.limits, model=model))
+    console.print(f"JSON: {json_path}\nchart: {chart_path}", highlight=False)

@@ -1,0 +1,183 @@
+"""The user's own settings (`mlx config set default-model …`), kept in one TOML file.
+
+The file lives in the platform's user config directory (or `$MLXLAUNCH_CONFIG_DIR`), holds flat
+`key = value` pairs, and is only ever written by `save_config` so hand edits stay readable.
+Unknown keys in the file are kept and ignored, so an older mlxlaunch never destroys a newer
+one's settings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+from mlxlaunch.errors import ConfigError
+
+CONFIG_DIR_ENV = "MLXLAUNCH_CONFIG_DIR"
+CONFIG_FILENAME = "config.toml"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError("expected a whole number") from None
+    if value <= 0:
+        raise ValueError("expected a number above 0")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _positive_int(text)
+    if value > 65535:
+        raise ValueError("a port is at most 65535")
+    return value
+
+
+def _text(text: str) -> str:
+    if not text.strip():
+        raise ValueError("expected a non-empty value")
+    return text.strip()
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    """One setting: its name on the command line and in the file, and how to read it."""
+
+    name: str
+    help: str
+    parse: Callable[[str], Any]
+
+
+KEYS: dict[str, ConfigKey] = {
+    k.name: k
+    for k in (
+        ConfigKey("default-model", "model `mlx launch claude` uses without --model", _text),
+        ConfigKey("small-model", "model for Claude Code's haiku tier (background work)", _text),
+        ConfigKey("port", "port for the server (default: a free one)", _port),
+        ConfigKey("context-length", "context window (default: the model's)", _positive_int),
+        ConfigKey("keep-alive", "how long an idle model stays loaded, e.g. 30m or never", _text),
+    )
+}
+
+
+@dataclass(frozen=True)
+class UserConfig:
+    """The settings read from the config file; `None` where the user set nothing."""
+
+    values: Mapping[str, Any] = field(default_factory=dict)
+
+    def get(self, key: str) -> Any:
+        """The value of a known key, or None when unset."""
+        _check_key(key)
+        return self.values.get(key)
+
+    @property
+    def default_model(self) -> str | None:
+        value = self.values.get("default-model")
+        return value if isinstance(value, str) else None
+
+
+def config_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Directory of the config file: `$MLXLAUNCH_CONFIG_DIR`, else the platform's."""
+    env = os.environ if env is None else env
+    override = env.get(CONFIG_DIR_ENV)
+    if override:
+        return Path(override).expanduser()
+    return Path(platformdirs.user_config_dir("mlxlaunch"))
+
+
+def config_path(env: Mapping[str, str] | None = None) -> Path:
+    """Path of the config file (it need not exist)."""
+    return config_dir(env) / CONFIG_FILENAME
+
+
+def _check_key(key: str) -> ConfigKey:
+    try:
+        return KEYS[key]
+    except KeyError:
+        known = ", ".join(KEYS)
+        raise ConfigError(f"unknown setting {key!r}", hint=f"known settings: {known}") from None
+
+
+def _read_raw(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(
+            f"{path} is not valid TOML: {exc}", hint=f"fix or delete {path}"
+        ) from exc
+
+
+def load_config(env: Mapping[str, str] | None = None) -> UserConfig:
+    """Read the user's settings; a missing file means no settings."""
+    path = config_path(env)
+    raw = _read_raw(path)
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in KEYS:
+            continue  # kept on disk, ignored here
+        try:
+            values[key] = KEYS[key].parse(str(value))
+        except ValueError as exc:
+            raise ConfigError(
+                f"{path}: {key} = {value!r}: {exc}", hint=f"mlx config set {key} VALUE"
+            ) from exc
+    return UserConfig(values)
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    # JSON string escapes are a subset of TOML basic-string escapes.
+    return json.dumps(str(value), ensure_ascii=False)
+
+
+def _write_raw(path: Path, raw: Mapping[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = ["# mlxlaunch settings; change them with `mlx config set KEY VALUE`."]
+    lines += [f"{key} = {_toml_value(value)}" for key, value in raw.items()]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    os.replace(tmp, path)  # atomic, so a crash never leaves half a file
+
+
+def set_value(key: str, text: str, env: Mapping[str, str] | None = None) -> Any:
+    """Validate and store one setting; returns the parsed value."""
+    spec = _check_key(key)
+    try:
+        value = spec.parse(text)
+    except ValueError as exc:
+        raise ConfigError(f"{key}: {text!r}: {exc}") from exc
+    path = config_path(env)
+    raw = _read_raw(path)
+    raw[key] = value
+    _write_raw(path, raw)
+    return value
+
+
+def unset_value(key: str, env: Mapping[str, str] | None = None) -> bool:
+    """Remove one setting; returns whether it was set."""
+    _check_key(key)
+    path = config_path(env)
+    raw = _read_raw(path)
+    if key not in raw:
+        return False
+    del raw[key]
+    _write_raw(path, raw)
+    return True

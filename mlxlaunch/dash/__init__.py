@@ -1,0 +1,1 @@
+"""dash room of mlxlaunch (see DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""engine room of mlxlaunch (see DESIGN.md)."""

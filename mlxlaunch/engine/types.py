@@ -1,0 +1,223 @@
+"""The engine's own request and event types.
+
+These are the only types the HTTP layer exchanges with the engine. They speak the language of
+chat templates and generation (messages, tool calls, tokens), never Anthropic field names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A tool offered to the model: name, description and JSON schema of its arguments."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    strict: bool = False
+
+
+@dataclass(frozen=True)
+class ToolCallRecord:
+    """A tool call in the conversation history (an assistant turn that called a tool)."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass
+class ChatMessage:
+    """One message in chat-template shape.
+
+    `reasoning` carries thinking history of an assistant turn; `tool_calls` the calls it made;
+    a `tool` message answers the call `tool_call_id` (named `name`).
+    """
+
+    role: Role
+    content: str = ""
+    reasoning: str | None = None
+    tool_calls: list[ToolCallRecord] = field(default_factory=list)
+    tool_call_id: str | None = None
+    name: str | None = None
+    is_error: bool = False
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling parameters; temperature 0 means greedy."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+
+ToolChoiceMode = Literal["auto", "none", "any", "tool"]
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    mode: ToolChoiceMode = "auto"
+    name: str | None = None  # with mode == "tool"
+    parallel: bool = True  # False: at most one call
+
+
+RequestKind = Literal["main", "subagent", "title", "other"]
+
+
+@dataclass
+class GenerationRequest:
+    """Everything the engine needs to render, admit and generate one request."""
+
+    messages: list[ChatMessage]
+    max_tokens: int
+    tools: list[ToolSpec] = field(default_factory=list)
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
+    sampling: Sampling = field(default_factory=Sampling)
+    thinking: bool = False
+    thinking_budget: int | None = None
+    stop_sequences: list[str] = field(default_factory=list)
+    response_schema: dict[str, Any] | None = None  # JSON schema the text must satisfy
+    request_id: str = ""
+    kind: RequestKind = "other"  # for stats and the dashboard only
+    model_alias: str = ""  # the id the client asked for, echoed in stats
+
+
+# --- events -------------------------------------------------------------------------------
+
+StopReason = Literal[
+    "end_turn",  # the model ended its turn (EOS)
+    "max_tokens",  # hit the request's max_tokens
+    "stop_sequence",  # one of the request's stop sequences matched
+    "tool_use",  # the turn ended with tool calls
+    "context_window",  # generation reached the model's context window
+    "cancelled",  # the client went away
+]
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int  # whole rendered prompt
+    cached_tokens: int = 0  # of which taken from the prefix cache
+    output_tokens: int = 0
+
+    @property
+    def prefilled_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
+
+
+@dataclass(frozen=True)
+class Timings:
+    queue_s: float = 0.0
+    ttft_s: float = 0.0  # admission to first token
+    prefill_tps: float = 0.0
+    decode_tps: float = 0.0
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """The request was admitted; sent before any token (lets SSE start at once)."""
+
+    request_id: str
+    prompt_tokens: int
+    cached_tokens: int
+    max_tokens: int  # after clamping to the context window
+    clamped: bool = False
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Prefill progress; also a heartbeat during long prefills."""
+
+    done_tokens: int
+    total_tokens: int
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ThinkingDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCallEvent:
+    """One complete tool call. `arguments` is the JSON text of the arguments object."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class Done:
+    stop_reason: StopReason
+    usage: Usage
+    stop_sequence: str | None = None
+    timings: Timings = field(default_factory=Timings)
+
+
+EngineEvent = Admitted | Progress | TextDelta | ThinkingDelta | ToolCallEvent | Done
+
+
+# --- errors raised from submit() / count_tokens() ----------------------------------------
+
+
+class EngineError(Exception):
+    """Base of errors the engine raises to a caller."""
+
+
+class InvalidRequest(EngineError):
+    """The request cannot be served as given (a client mistake)."""
+
+
+class PromptTooLong(InvalidRequest):
+    def __init__(self, prompt_tokens: int, maximum: int) -> None:
+        super().__init__(f"prompt is too long: {prompt_tokens} tokens > {maximum} maximum")
+        self.prompt_tokens = prompt_tokens
+        self.maximum = maximum
+
+
+class Overloaded(EngineError):
+    """Admission control refused the request; retry after `retry_after` seconds."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class GenerationFailed(EngineError):
+    """Generation of this request failed (model forward, out of memory, …)."""
+
+
+class EngineUnavailable(EngineError):
+    """The model could not be loaded or the engine is shutting down."""
+
+
+# --- model facts ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the loaded model is and which output syntaxes it speaks."""
+
+    id: str  # the name it was loaded by (a local directory or a hub id)
+    path: str  # local directory holding the weights
+    context_window: int  # tokens, prompt and output together
+    has_thinking: bool = False
+    think_start: str | None = None
+    think_end: str | None = None
+    tool_call_start: str | None = None
+    tool_call_end: str | None = None
+    tool_format: str | None = None  # mlx-lm tool parser module, e.g. "json_tools"
+    vision: bool = False
+    eos_token_ids: tuple[int, ...] = ()

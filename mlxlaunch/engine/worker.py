@@ -1,0 +1,486 @@
+"""The engine worker: the one thread that owns MLX (a reusable one, see `mlx_thread`).
+
+Every MLX call — loading, prefill, decode, cache handling — happens on this thread. Other
+threads hand it work with `post(fn)` (a callable run between steps); results go back through
+each job's `EventSink`. Generation runs on mlx-lm's `BatchGenerator`, so requests decode
+together and long prompts prefill in chunks interleaved with decode steps.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import gc
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable
+from functools import lru_cache
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.sample_utils import make_sampler
+
+from mlxlaunch.engine.config import EngineConfig
+from mlxlaunch.engine.job import Job, OutputStream, parser_config
+from mlxlaunch.engine.loader import LoadedModel, load_model
+from mlxlaunch.engine.mlx_thread import run_on_mlx_thread
+from mlxlaunch.engine.output import OutputParser
+from mlxlaunch.engine.render import PromptRenderer
+from mlxlaunch.engine.stats import StatsBook
+from mlxlaunch.engine.types import (
+    Admitted,
+    Done,
+    EngineUnavailable,
+    GenerationFailed,
+    Progress,
+    StopReason,
+    Timings,
+    Usage,
+)
+
+Command = Callable[[], None]
+
+# How often (seconds) the worker refreshes the memory figures in stats.
+MEMORY_POLL_S = 1.0
+# Length (seconds) of one window over which the generator's speed counters are read.
+MEASURE_WINDOW_S = 0.5
+
+
+@lru_cache(maxsize=64)
+def _sampler(temperature: float, top_p: float, top_k: int) -> Any:
+    # One sampler object per distinct setting: BatchGenerator samples the whole batch in one
+    # call when its sequences share the same sampler object.
+    return make_sampler(temp=temperature, top_p=top_p if top_p < 1.0 else 0.0, top_k=top_k)
+
+
+class Worker:
+    """Runs the MLX thread. Public methods marked "worker thread" must run via `post`."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        stats: StatsBook,
+        on_dequeue: Callable[[Job], None],
+    ) -> None:
+        self.config = config
+        self.stats = stats
+        self._on_dequeue = on_dequeue  # admission control: the job left the waiting queue
+        self._commands: queue.SimpleQueue[Command | None] = queue.SimpleQueue()
+        self._finished: threading.Event | None = None  # set when the loop has ended
+        self._stopping = False
+        self._post_lock = threading.Lock()
+        self.tokenizer_lock = threading.Lock()
+        self.loaded: LoadedModel | None = None
+        self.renderer: PromptRenderer | None = None
+        self._generator: BatchGenerator | None = None
+        self._waiting: deque[Job] = deque()
+        self._running: dict[int, Job] = {}  # BatchGenerator uid -> job
+        self._by_request_id: dict[str, Job] = {}
+        self._memory_polled_at = float("-inf")
+        # (generator, its stats() context, the stats it fills, window start)
+        self._window: tuple[BatchGenerator, Any, Any, float] | None = None
+
+    # --- any thread ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._finished is None:
+            self._finished = run_on_mlx_thread(self._run)
+
+    def post(self, command: Command) -> None:
+        """Run `command` on the worker thread between two steps."""
+        # The lock orders posts against stop(): nothing lands after the final drain.
+        with self._post_lock:
+            if self._stopping:
+                raise EngineUnavailable("the engine is shutting down")
+            self._commands.put(command)
+
+    def stop(self, timeout: float | None = 30.0) -> None:
+        """Fail outstanding work, release the model and end the thread."""
+        with self._post_lock:
+            self._stopping = True
+            self._commands.put(None)  # wake an idle worker
+        if self._finished is not None:
+            self._finished.wait(timeout)
+
+    # --- worker thread: commands --------------------------------------------------------
+
+    def load(self, done: concurrent.futures.Future[Any]) -> None:
+        """Worker thread: load the configured model (no-op when loaded)."""
+        if not done.set_running_or_notify_cancel():
+            return
+        if self._stopping:
+            done.set_exception(EngineUnavailable("the engine is shutting down"))
+            return
+        try:
+            self._ensure_loaded()
+        except BaseException as exc:
+            done.set_exception(exc)
+        else:
+            done.set_result(self.loaded.info if self.loaded else None)
+
+    def unload(self, done: concurrent.futures.Future[Any]) -> None:
+        """Worker thread: fail outstanding work and drop the model and its memory."""
+        if not done.set_running_or_notify_cancel():
+            return
+        self._abandon_all(EngineUnavailable("the model was unloaded"))
+        self._close_generator()
+        self.loaded = None
+        self.renderer = None
+        self.stats.state = "unloaded"
+        gc.collect()
+        mx.clear_cache()
+        done.set_result(None)
+
+    def enqueue(self, job: Job) -> None:
+        """Worker thread: accept a job, tell the caller it is admitted, queue it for a slot."""
+        if job.finished:  # cancelled before it got here
+            return
+        if self._stopping:
+            self._end_with_error(job, EngineUnavailable("the engine is shutting down"))
+            return
+        try:
+            self._ensure_loaded()
+        except Exception as exc:
+            self._end_with_error(job, EngineUnavailable(f"the model could not be loaded: {exc}"))
+            return
+        job.cached_tokens = self._cached_prefix(job)
+        self._by_request_id[job.request_id] = job
+        self.stats.count(requests_admitted=1)
+        self._waiting.append(job)
+        self.stats.queue_depth = len(self._waiting)
+        job.sink.send(
+            [
+                Admitted(
+                    request_id=job.request_id,
+                    prompt_tokens=job.prompt_tokens,
+                    cached_tokens=job.cached_tokens,
+                    max_tokens=job.max_tokens,
+                    clamped=job.clamped,
+                )
+            ]
+        )
+
+    def cancel_request(self, request_id: str) -> None:
+        """Worker thread: cancel by request id (a no-op for unknown or finished ids)."""
+        job = self._by_request_id.get(request_id)
+        if job is not None:
+            self.cancel_job(job)
+
+    def cancel_job(self, job: Job) -> None:
+        """Worker thread: stop a job now; a queued job never starts."""
+        if job.finished:
+            return
+        if job.uid is not None and job.uid in self._running:
+            self._remove_from_batch(job)
+        elif job in self._waiting:
+            self._waiting.remove(job)
+            self._leave_queue(job)
+        self.stats.count(requests_cancelled=1)
+        self._finish(job, "cancelled", outcome="cancelled")
+
+    # --- worker thread: the loop --------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopping:
+            idle = not self._running and not self._waiting
+            if idle:
+                self._end_measure()  # count the last window before waiting for work
+            self._drain(block=idle)
+            if self._stopping:
+                break
+            self._start_waiting()
+            if self._running:
+                self._step()
+            self._poll_memory()
+        self._drain(block=False)  # commands posted before stop(): they see `_stopping`
+        self._abandon_all(EngineUnavailable("the engine is shutting down"))
+        self._close_generator()
+        self.loaded = None
+
+    def _drain(self, block: bool) -> None:
+        try:
+            command = self._commands.get() if block else self._commands.get_nowait()
+            while True:
+                if command is not None:
+                    self._run_command(command)
+                command = self._commands.get_nowait()
+        except queue.Empty:
+            return
+
+    def _run_command(self, command: Command) -> None:
+        try:
+            command()
+        except Exception:  # a broken command must not take the worker down with it
+            import logging
+
+            logging.getLogger(__name__).exception("engine command failed")
+
+    def _start_waiting(self) -> None:
+        """Move queued jobs into the batch while there are free slots."""
+        while self._waiting and len(self._running) < self.config.max_concurrency:
+            job = self._waiting.popleft()
+            self._leave_queue(job)
+            try:
+                self._insert(job)
+            except Exception as exc:
+                self._end_with_error(job, GenerationFailed(f"could not start generation: {exc}"))
+
+    def _insert(self, job: Job) -> None:
+        loaded = self._require_loaded()
+        generator = self._batch_generator()
+        request = job.request
+        job.output = OutputStream(
+            loaded.tokenizer,
+            OutputParser(parser_config(loaded.info, loaded.tokenizer, job)),
+            self.tokenizer_lock,
+        )
+        sampling = request.sampling
+        sampler: Any = None  # None: the generator's shared greedy sampler
+        if sampling.temperature > 0:
+            sampler = _sampler(sampling.temperature, sampling.top_p, sampling.top_k)
+        processors = self._logits_processors(job)
+        cache = self._prompt_cache_for(job)
+        (uid,) = generator.insert(
+            [job.prompt[job.cached_tokens :]],
+            max_tokens=[job.max_tokens],
+            caches=[cache],
+            samplers=[sampler],
+            logits_processors=[processors],
+        )
+        job.uid = uid
+        job.started_at = self.config.clock()
+        self._running[uid] = job
+        self.stats.running = len(self._running)
+
+    def _step(self) -> None:
+        generator = self._batch_generator()
+        self._measure(generator)
+        try:
+            prompt_responses, generation_responses = generator.next()
+        except Exception as exc:
+            self._fail_batch(exc)
+            return
+        touched: list[Job] = []
+        for progress in prompt_responses:
+            job = self._running.get(progress.uid)
+            if job is None:
+                continue
+            done = job.cached_tokens + int(progress.progress[0])
+            if done > job.last_progress:
+                job.last_progress = done
+                job.pending.append(Progress(done_tokens=done, total_tokens=job.prompt_tokens))
+                touched.append(job)
+        for response in generation_responses:
+            job = self._running.get(response.uid)
+            if job is None:
+                continue
+            try:
+                self._on_token(job, response.token, response.finish_reason)
+            except Exception as exc:  # parser or detokenizer trouble is this job's alone
+                self._remove_from_batch(job)
+                self._end_with_error(job, GenerationFailed(f"output processing failed: {exc}"))
+                continue
+            touched.append(job)
+        for job in touched:
+            job.flush()
+
+    def _on_token(self, job: Job, token: int, finish_reason: str | None) -> None:
+        now = self.config.clock()
+        if job.first_token_at is None:
+            job.first_token_at = now
+        job.output_tokens += 1
+        output = job.output
+        assert output is not None
+        if finish_reason == "stop":  # an end-of-turn token: never shown as text
+            self._running.pop(job.uid or 0, None)
+            self._complete(job, "end_turn")
+            return
+        job.pending.extend(output.push(token))
+        if output.parser.done:  # a stop sequence, or the last allowed tool call
+            self._remove_from_batch(job)
+            self._complete(job, "stop_sequence" if output.parser.stopped else "tool_use")
+        elif finish_reason == "length":
+            self._running.pop(job.uid or 0, None)
+            self._complete(job, "context_window" if job.clamped else "max_tokens")
+
+    def _complete(self, job: Job, reason: StopReason) -> None:
+        output = job.output
+        assert output is not None
+        job.pending.extend(output.close())
+        if reason == "end_turn" and output.tool_calls:
+            reason = "tool_use"
+        self.stats.count(requests_completed=1)
+        self._finish(job, reason, stop_sequence=output.parser.stopped_by, outcome=reason)
+
+    # --- worker thread: endings ---------------------------------------------------------
+
+    def _finish(
+        self, job: Job, reason: StopReason, *, outcome: str, stop_sequence: str | None = None
+    ) -> None:
+        """Send Done (with this step's pending events) and record the request."""
+        if job.finished:
+            return
+        now = self.config.clock()
+        job.finished = True
+        self._forget(job)
+        usage = Usage(job.prompt_tokens, job.cached_tokens, job.output_tokens)
+        timings = job.timings(now)
+        stop = stop_sequence if reason == "stop_sequence" else None
+        # Stats first: whoever sees Done sees the request counted.
+        self.stats.count(
+            prompt_tokens=job.prompt_tokens,
+            cached_tokens=job.cached_tokens,
+            generated_tokens=job.output_tokens,
+        )
+        self._record(job, timings, outcome)
+        job.pending.append(Done(reason, usage, stop, timings))
+        job.flush()
+
+    def _end_with_error(self, job: Job, error: Exception) -> None:
+        if job.finished:
+            return
+        if job.queued:
+            self._leave_queue(job)
+        job.finished = True
+        self._forget(job)
+        job.pending.clear()
+        self.stats.count(requests_failed=1)
+        self._record(job, job.timings(self.config.clock()), "failed")
+        job.sink.send(error)
+
+    def _fail_batch(self, exc: Exception) -> None:
+        """A step failed: every job in the batch fails, the generator starts afresh."""
+        for job in list(self._running.values()):
+            self._end_with_error(job, GenerationFailed(f"generation failed: {exc}"))
+        self._running.clear()
+        self.stats.running = 0
+        self._close_generator()
+        mx.clear_cache()
+
+    def _abandon_all(self, error: Exception) -> None:
+        for job in list(self._running.values()) + list(self._waiting):
+            self._end_with_error(job, error)
+        self._running.clear()
+        self._waiting.clear()
+        self.stats.running = 0
+        self.stats.queue_depth = 0
+
+    def _forget(self, job: Job) -> None:
+        if job.uid is not None:
+            self._running.pop(job.uid, None)
+            self.stats.running = len(self._running)
+        if self._by_request_id.get(job.request_id) is job:
+            del self._by_request_id[job.request_id]
+
+    def _remove_from_batch(self, job: Job) -> None:
+        if job.uid is None or self._generator is None:
+            return
+        self._running.pop(job.uid, None)
+        self.stats.running = len(self._running)
+        try:
+            self._retain_prompt_cache(job, self._generator.remove([job.uid]))
+        except Exception as exc:
+            self._fail_batch(exc)
+
+    def _leave_queue(self, job: Job) -> None:
+        if job.queued:
+            job.queued = False
+            self._on_dequeue(job)
+        self.stats.queue_depth = len(self._waiting)
+
+    def _record(self, job: Job, timings: Timings, outcome: str) -> None:
+        self.stats.record(job.record(timings, outcome))
+
+    # --- worker thread: model, generator and cache seams --------------------------------
+
+    def _ensure_loaded(self) -> None:
+        if self.loaded is not None:
+            return
+        self.stats.state = "loading"
+        try:
+            loaded = load_model(self.config)
+        except BaseException:
+            self.stats.state = "unloaded"
+            raise
+        self.loaded = loaded
+        self.renderer = PromptRenderer(loaded.tokenizer, self.tokenizer_lock)
+        self.stats.model = loaded.info.id
+        self.stats.state = "loaded"
+
+    def _require_loaded(self) -> LoadedModel:
+        if self.loaded is None:
+            raise EngineUnavailable("no model is loaded")
+        return self.loaded
+
+    def _batch_generator(self) -> BatchGenerator:
+        if self._generator is None:
+            loaded = self._require_loaded()
+            width = self.config.max_concurrency
+            self._generator = BatchGenerator(
+                loaded.model,
+                stop_tokens=[[eos] for eos in loaded.info.eos_token_ids],
+                completion_batch_size=width,
+                prefill_batch_size=width,
+                prefill_step_size=self.config.prefill_chunk,
+            )
+        return self._generator
+
+    def _measure(self, generator: BatchGenerator) -> None:
+        """Feed the recent-speed figures from the generator's own counters.
+
+        `BatchGenerator.stats()` snapshots cost tens of microseconds, so one measuring window
+        spans many steps instead of wrapping each.
+        """
+        now = self.config.clock()
+        window = self._window
+        if window is not None and window[0] is generator and now - window[3] < MEASURE_WINDOW_S:
+            return
+        self._end_measure()
+        context = generator.stats()
+        self._window = (generator, context, context.__enter__(), now)
+
+    def _end_measure(self) -> None:
+        if self._window is None:
+            return
+        _, context, measured, _ = self._window
+        self._window = None
+        context.__exit__(None, None, None)
+        self.stats.step(
+            measured.prompt_tokens,
+            measured.prompt_time,
+            measured.generation_tokens,
+            measured.decode_time,
+        )
+
+    def _close_generator(self) -> None:
+        self._end_measure()
+        if self._generator is not None:
+            self._generator.close()
+            self._generator = None
+
+    def _logits_processors(self, job: Job) -> list[Any]:
+        """Per-request logits processors (seam for grammar constraints; tests script here)."""
+        hook = self.config.logits_hook
+        if hook is None:
+            return []
+        return list(hook(job.request, self._require_loaded().tokenizer) or [])
+
+    def _cached_prefix(self, job: Job) -> int:
+        """Seam for the prefix cache: prompt tokens already held in a reusable KV cache."""
+        return 0
+
+    def _prompt_cache_for(self, job: Job) -> list[Any]:
+        """Seam for the prefix cache: the KV cache the job's prefill continues from."""
+        return list(make_prompt_cache(self._require_loaded().base_model))
+
+    def _retain_prompt_cache(self, job: Job, caches: dict[int, Any]) -> None:
+        """Seam for the prefix cache: keep a finished job's KV (`remove(..., True)`)."""
+
+    def _poll_memory(self) -> None:
+        now = self.config.clock()
+        if now - self._memory_polled_at >= MEMORY_POLL_S:
+            self._memory_polled_at = now
+            self.stats.memory_active_bytes = int(mx.get_active_memory())
+            self.stats.memory_cache_bytes = int(mx.get_cache_memory())

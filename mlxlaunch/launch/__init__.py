@@ -1,0 +1,1 @@
+"""launch room of mlxlaunch (see DESIGN.md)."""

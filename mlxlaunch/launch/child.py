@@ -1,0 +1,133 @@
+"""Running `claude` as a child that owns the terminal, with signals forwarded to it.
+
+The child gets its own process group. When we are the terminal's foreground job, the terminal is
+handed to that group (as a job-control shell does), so keyboard signals and window-size changes
+reach `claude` once, straight from the kernel, and never hit the server. Signals sent to *us*
+(`kill -INT`, SIGTERM from a supervisor, SIGHUP) are forwarded to the child. If the child stops
+(Ctrl-Z), we take the terminal back and stop too, so the user's shell sees a stopped job; on
+`fg` the terminal goes back to the child.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from types import FrameType
+from typing import IO
+
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGWINCH, signal.SIGQUIT)
+
+
+def exit_code_of(wait_status: int) -> int:
+    """Shell convention: the exit status, or 128 + N for a child killed by signal N."""
+    code = os.waitstatus_to_exitcode(wait_status)
+    return 128 - code if code < 0 else code
+
+
+@dataclass
+class Stdio:
+    """File descriptors the child uses for stdin/stdout/stderr (None: inherit ours)."""
+
+    stdin: int | IO[bytes] | None = None
+    stdout: int | IO[bytes] | None = None
+    stderr: int | IO[bytes] | None = None
+
+
+def _foreground_tty() -> int | None:
+    """fd 0 when it is a terminal whose foreground job is our process group, else None."""
+    try:
+        if os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp():
+            return 0
+    except OSError:
+        pass
+    return None
+
+
+def _set_foreground(tty: int, pgrp: int) -> None:
+    # A background group calling tcsetpgrp gets SIGTTOU unless it ignores it.
+    previous = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    try:
+        with contextlib.suppress(OSError):
+            os.tcsetpgrp(tty, pgrp)
+    finally:
+        signal.signal(signal.SIGTTOU, previous)
+
+
+@contextlib.contextmanager
+def _forwarding(pid: int) -> Iterator[None]:
+    """Forward FORWARDED_SIGNALS sent to this process to `pid` while inside the block."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be set from the main thread
+        return
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def run_child(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    stdio: Stdio | None = None,
+    cwd: str | None = None,
+    on_spawn: Callable[[int], None] | None = None,
+) -> int:
+    """Run `argv` to completion in its own process group; returns its exit code (128+N if killed).
+
+    `on_spawn`, if given, is called with the child's pid once it runs (tests use it).
+    """
+    stdio = stdio or Stdio()
+    tty = _foreground_tty()
+    with contextlib.ExitStack() as stack:
+        proc = subprocess.Popen(
+            list(argv),
+            env=dict(env),
+            cwd=cwd,
+            stdin=stdio.stdin,
+            stdout=stdio.stdout,
+            stderr=stdio.stderr,
+            process_group=0,
+        )
+        # Popen's own wait() cannot see stops; we reap the child ourselves below.
+        stack.enter_context(_forwarding(proc.pid))
+        if tty is not None:
+            _give_terminal(tty, proc.pid)
+            stack.callback(_set_foreground, tty, os.getpgrp())
+        if on_spawn is not None:
+            on_spawn(proc.pid)
+        status = _wait_reaping_stops(proc.pid, tty)
+        proc.returncode = exit_code_of(status)  # keeps Popen from reaping a reused pid later
+    return proc.returncode
+
+
+def _give_terminal(tty: int, child_pgrp: int) -> None:
+    _set_foreground(tty, child_pgrp)
+    # The child may have stopped on SIGTTOU/SIGTTIN before it became the foreground job.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child_pgrp, signal.SIGCONT)
+
+
+def _wait_reaping_stops(pid: int, tty: int | None) -> int:
+    """Wait for `pid` to exit; mirror its stops onto ourselves when we hold a terminal."""
+    flags = os.WUNTRACED if tty is not None else 0
+    while True:
+        _, status = os.waitpid(pid, flags)  # PEP 475: retried after our signal handlers run
+        if tty is not None and os.WIFSTOPPED(status):
+            _set_foreground(tty, os.getpgrp())
+            os.kill(os.getpid(), signal.SIGSTOP)  # the user's shell now sees a stopped job
+            _give_terminal(tty, pid)  # we were resumed by `fg`
+            continue
+        return status

@@ -1,0 +1,114 @@
+"""Which model `mlx launch claude` serves: --model, the configured default, or the best local one.
+
+Names resolve in one order everywhere: the built-in test models (`demo`, `tiny`, `small`, …) are
+built offline on first use; everything else goes through the store's resolver, which never
+downloads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlxlaunch.config import UserConfig
+from mlxlaunch.errors import ModelNotFound
+from mlxlaunch.store.catalog import catalog_entry, recommend
+from mlxlaunch.store.facts import read_config
+from mlxlaunch.store.inventory import LocalModel, list_models
+from mlxlaunch.store.memory import memory_fit
+from mlxlaunch.store.resolve import resolve_model
+from mlxlaunch.testing import ensure_test_model, is_test_model_name
+
+
+@dataclass(frozen=True)
+class ChosenModel:
+    """The model to serve, where it lives, and why it was picked."""
+
+    name: str  # what the user typed or what we picked: alias, repo id, path or test name
+    path: Path
+    reason: str  # "--model", "default-model setting" or "best downloaded model"
+
+    @property
+    def served_id(self) -> str:
+        """The model id Claude Code is told: the name, or a directory's own name for paths."""
+        if self.name.startswith(("/", ".", "~")):
+            return Path(self.name).expanduser().resolve().name or self.name
+        return self.name
+
+    def context_window(self, override: int | None = None) -> int:
+        """The window the engine will serve, read from config.json without loading weights."""
+        from mlxlaunch.engine.loader import context_window_of  # mlx: only when needed
+
+        return context_window_of(read_config(self.path), override)
+
+
+def resolve_name(name: str) -> Path:
+    """The directory for a model name; builds test models, never downloads.
+
+    Raises:
+        ModelNotFound: nothing local matches (the hint says how to pull it).
+    """
+    if is_test_model_name(name):
+        return ensure_test_model(name)
+    return resolve_model(name, record_use=True).path
+
+
+def best_local_model(
+    models: Sequence[LocalModel], total_memory: int | None = None
+) -> LocalModel | None:
+    """The best complete, loadable local model that fits in memory.
+
+    Catalog models rank by the catalog's quality order; among equals (and for models outside
+    the catalog) the bigger one wins, since on a machine where both fit it is usually better.
+    """
+
+    def rank(model: LocalModel) -> tuple[int, int]:
+        entry = catalog_entry(model.alias) if model.alias else None
+        return (entry.rank if entry else 0, model.facts.weights_bytes)
+
+    usable = [
+        m
+        for m in models
+        if m.complete
+        and not m.facts.problems()
+        and memory_fit(m.facts.weights_bytes, total_memory).fits
+    ]
+    return max(usable, key=rank) if usable else None
+
+
+def pull_command(total_memory: int | None = None) -> str | None:
+    """The command that downloads the recommended model for this machine."""
+    entry = recommend(total_memory)
+    return f"mlx models pull {entry.alias}" if entry else None
+
+
+def choose_model(
+    explicit: str | None,
+    config: UserConfig,
+    *,
+    local_models: Callable[[], Sequence[LocalModel]] = list_models,
+    total_memory: int | None = None,
+) -> ChosenModel:
+    """Pick and resolve the model: --model, else default-model, else the best local model.
+
+    Raises:
+        ModelNotFound: no name was given and nothing suitable is downloaded; the hint is the
+            exact command that pulls the recommended model.
+    """
+    if explicit:
+        return ChosenModel(explicit, resolve_name(explicit), "--model")
+    if config.default_model:
+        return ChosenModel(
+            config.default_model, resolve_name(config.default_model), "default-model setting"
+        )
+    best = best_local_model(local_models(), total_memory)
+    if best is not None:
+        return ChosenModel(best.name, best.path, "best downloaded model")
+    command = pull_command(total_memory)
+    raise ModelNotFound(
+        "no model to launch: none given with --model, no default-model set, "
+        "and no downloaded model fits in memory",
+        hint=(f"download the recommended one: {command}" if command else "see mlx models catalog")
+        + "  (or try the offline demo: mlx launch claude --model demo)",
+    )

@@ -1,0 +1,74 @@
+"""Keeping the server's output off the terminal that `claude` owns.
+
+Two layers: Python logging (our server, uvicorn, warnings) goes to the log file for the whole
+launch; and while the child runs, this process's own stdout/stderr file descriptors point at the
+log file too, so even C-level output (MLX, tokenizers) cannot draw over Claude Code's screen.
+The child gets the original descriptors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from mlxlaunch.launch.child import Stdio
+from mlxlaunch.launch.state import logs_dir
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def new_log_path(home: Path | None = None, pid: int | None = None) -> Path:
+    """A fresh log file path, e.g. `<home>/logs/launch-20261129-201500-4242.log`."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    directory = logs_dir(home)
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = directory / f"launch-{stamp}-{pid or os.getpid()}.log"
+    # Prompts end up in the log at debug level: keep it private from the start.
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+    return path
+
+
+@contextlib.contextmanager
+def logging_to(path: Path, level: int = logging.INFO) -> Iterator[None]:
+    """Send all Python logging (and warnings) to `path` instead of the terminal."""
+    root = logging.getLogger()
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    previous_handlers, previous_level = root.handlers[:], root.level
+    root.handlers = [handler]
+    root.setLevel(min(level, previous_level or level))  # keep --debug's lower level
+    logging.captureWarnings(True)
+    try:
+        yield
+    finally:
+        logging.captureWarnings(False)
+        root.handlers = previous_handlers
+        root.setLevel(previous_level)
+        handler.close()
+
+
+@contextlib.contextmanager
+def terminal_to_child(path: Path) -> Iterator[Stdio]:
+    """Point our fds 1 and 2 at `path`; yield the original ones for the child to use."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    saved_out, saved_err = os.dup(1), os.dup(2)
+    log_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        yield Stdio(stdin=None, stdout=saved_out, stderr=saved_err)
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os.dup2(saved_out, 1)
+        os.dup2(saved_err, 2)
+        for fd in (saved_out, saved_err, log_fd):
+            os.close(fd)

@@ -1,0 +1,207 @@
+"""`mlx launch claude`: engine + server in this process, `claude` as a child, then clean up.
+
+Order matters for the user: everything that can fail fast (claude missing, model unknown)
+fails before a model loads; the log path is printed before the terminal is handed over; and
+whatever happens, the state file goes, the server drains and stops, and the engine closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import signal
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from types import FrameType
+
+from rich.console import Console
+
+from mlxlaunch.config import UserConfig, load_config
+from mlxlaunch.engine.config import EngineConfig
+from mlxlaunch.engine.engine import Engine
+from mlxlaunch.errors import ModelNotFound
+from mlxlaunch.launch.child import run_child
+from mlxlaunch.launch.claude_bin import claude_version, find_claude
+from mlxlaunch.launch.claude_env import ClaudeTarget, claude_environment, claude_model_id
+from mlxlaunch.launch.models import ChosenModel, choose_model
+from mlxlaunch.launch.server_log import logging_to, new_log_path, terminal_to_child
+from mlxlaunch.launch.state import RunState, remove_state, write_state
+from mlxlaunch.launch.test_hook import scripted_output_from_env
+from mlxlaunch.server.app import ServerSettings
+from mlxlaunch.server.runner import start_server
+from mlxlaunch.testing import DEMO_NOTICE
+
+# How long requests still in flight when claude exits may finish before the server is forced.
+DRAIN_S = 2.0
+
+
+@dataclass
+class LaunchOptions:
+    """What `mlx launch claude` was asked to do (CLI options, already validated)."""
+
+    model: str | None = None  # None: the default-model setting, else the best local model
+    small_model: str | None = None  # None here and below: the user's setting, else automatic
+    port: int | None = None
+    context_length: int | None = None
+    keep_alive: str | None = None
+    max_output_tokens: int | None = None
+    preload: bool = False
+    claude_bin: str | None = None
+    claude_args: Sequence[str] = ()
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    verbose: bool = False
+
+
+@dataclass(frozen=True)
+class Served:
+    """What the user and the state file are told about the running server."""
+
+    model: ChosenModel
+    url: str
+    token: str
+    context_window: int
+    log_file: Path
+
+
+def launch_claude(
+    options: LaunchOptions,
+    *,
+    console: Console,
+    environ: Mapping[str, str] | None = None,
+    offer_pull: Callable[[], bool] | None = None,
+) -> int:
+    """Run Claude Code against a local model; returns claude's exit code.
+
+    `offer_pull` is asked when no model was named and none is downloaded; it returns True
+    once it has pulled one.
+    """
+    environ = dict(os.environ if environ is None else environ)
+    claude = find_claude(options.claude_bin)
+    if options.verbose:
+        console.print(f"claude: {claude} ({claude_version(claude) or 'version unknown'})")
+    config = load_config(environ)
+    options = with_settings(options, config)
+    if options.keep_alive is not None:
+        # The engine has no idle unload yet; say so rather than ignore the option silently.
+        console.print("[yellow]note:[/] keep-alive is not supported yet; the model stays loaded")
+    chosen = _choose(options, config, offer_pull)
+    log_file = new_log_path()
+    with _terminating_cleanly(), contextlib.ExitStack() as stack:
+        stack.enter_context(logging_to(log_file))
+        engine = Engine(
+            EngineConfig(
+                model=str(chosen.path),
+                context_length=options.context_length,
+                logits_hook=scripted_output_from_env(environ),
+            )
+        )
+        engine.start()
+        stack.callback(engine.close)
+        token = secrets.token_urlsafe(32)
+        handle = start_server(
+            engine,
+            ServerSettings(host="127.0.0.1", port=options.port or 0, auth_token=token),
+            log_level="info",
+        )
+        stack.callback(handle.stop, DRAIN_S)
+        if options.preload:
+            with console.status(f"Loading {chosen.name}…"):
+                info = asyncio.run(engine.load())
+            window = info.context_window
+        else:
+            window = chosen.context_window(options.context_length)
+        served = Served(chosen, handle.url, token, window, log_file)
+        write_state(_run_state(served))
+        stack.callback(remove_state, os.getpid())
+        _announce(console, served, options)
+        env = claude_environment(
+            ClaudeTarget(
+                base_url=served.url,
+                auth_token=token,
+                model_id=chosen.served_id,
+                context_window=window,
+                small_model_id=options.small_model,
+                max_output_tokens=options.max_output_tokens,
+                extra=options.extra_env,
+            ),
+            environ,
+        )
+        with terminal_to_child(log_file) as stdio:
+            code = run_child([str(claude), *options.claude_args], env, stdio=stdio)
+    return code
+
+
+def with_settings(options: LaunchOptions, config: UserConfig) -> LaunchOptions:
+    """Fill options the user left out from their `mlx config` settings."""
+    return replace(
+        options,
+        small_model=options.small_model or config.get("small-model"),
+        port=options.port if options.port is not None else config.get("port"),
+        context_length=options.context_length or config.get("context-length"),
+        keep_alive=options.keep_alive or config.get("keep-alive"),
+    )
+
+
+def _choose(
+    options: LaunchOptions, config: UserConfig, offer_pull: Callable[[], bool] | None
+) -> ChosenModel:
+    try:
+        return choose_model(options.model, config)
+    except ModelNotFound:
+        named = options.model or config.default_model
+        if named is not None or offer_pull is None or not offer_pull():
+            raise
+    return choose_model(None, config)
+
+
+def _run_state(served: Served) -> RunState:
+    return RunState(
+        pid=os.getpid(),
+        url=served.url,
+        token=served.token,
+        model=served.model.name,
+        model_path=str(served.model.path),
+        log_file=str(served.log_file),
+        kind="launch",
+    )
+
+
+def _announce(console: Console, served: Served, options: LaunchOptions) -> None:
+    model_id = claude_model_id(served.model.served_id)
+    console.print(
+        f"[bold]mlx[/]: serving [cyan]{served.model.name}[/] as [cyan]{model_id}[/] "
+        f"({served.context_window:,}-token window) at {served.url}",
+        highlight=False,
+    )
+    if served.model.name == "demo":
+        console.print(f"[yellow]note:[/] {DEMO_NOTICE}", highlight=False)
+    if not options.preload:
+        console.print("[dim]the model loads on Claude Code's first request[/]")
+    console.print(f"[dim]server log: {served.log_file}[/]", highlight=False)
+    if options.verbose:
+        console.print(f"model: {served.model.path} (from {served.model.reason})", highlight=False)
+
+
+@contextlib.contextmanager
+def _terminating_cleanly() -> Iterator[None]:
+    """Before claude runs, SIGTERM/SIGHUP unwind like Ctrl-C so the cleanup still happens.
+
+    While claude runs, `run_child` replaces these handlers with forwarding ones.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, _frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

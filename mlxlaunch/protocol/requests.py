@@ -1,0 +1,223 @@
+"""Request bodies of `POST /v1/messages` and `POST /v1/messages/count_tokens`.
+
+Unknown fields are ignored everywhere (Claude Code adds fields every release: `cache_control`,
+`defer_loading`, `context_management`, `metadata`, ...). Fields whose mistakes would change the
+output are strict: `model`, `messages`, `max_tokens`, roles and the shape of each content block.
+Content blocks are a discriminated union on `type`, so an unknown block type is a 400 naming it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, field_validator, model_validator
+
+StrictPositiveInt = Annotated[int, Field(strict=True, ge=1)]
+NonEmptyStr = Annotated[str, Field(strict=True, min_length=1)]
+
+
+class WireModel(BaseModel):
+    """Base of every request model: unknown fields are accepted and dropped."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+# --- content blocks -----------------------------------------------------------------------
+
+
+class TextBlock(WireModel):
+    type: Literal["text"]
+    text: Annotated[str, Field(strict=True)]
+
+
+class ImageBlock(WireModel):
+    type: Literal["image"]
+    source: dict[str, Any]
+
+
+class DocumentBlock(WireModel):
+    type: Literal["document"]
+    source: dict[str, Any]
+    title: str | None = None
+    context: str | None = None
+
+
+ToolResultPart = Annotated[TextBlock | ImageBlock | DocumentBlock, Discriminator("type")]
+
+
+def _text_to_blocks(value: Any) -> Any:
+    """A plain string is shorthand for one text block; normalise so there is one shape."""
+    if isinstance(value, str):
+        return [{"type": "text", "text": value}]
+    return value
+
+
+class ToolUseBlock(WireModel):
+    type: Literal["tool_use"]
+    id: NonEmptyStr
+    name: NonEmptyStr
+    input: dict[str, Any]
+
+
+class ToolResultBlock(WireModel):
+    type: Literal["tool_result"]
+    tool_use_id: NonEmptyStr
+    content: list[ToolResultPart] = Field(default_factory=list)
+    is_error: Annotated[bool, Field(strict=True)] = False
+
+    _normalise_content = field_validator("content", mode="before")(_text_to_blocks)
+
+
+class ThinkingBlock(WireModel):
+    type: Literal["thinking"]
+    thinking: Annotated[str, Field(strict=True)]
+    # Opaque to us; clients echo back what we sent, other servers' signatures are meaningless.
+    signature: str = ""
+
+
+class RedactedThinkingBlock(WireModel):
+    type: Literal["redacted_thinking"]
+    data: Annotated[str, Field(strict=True)]
+
+
+ContentBlock = Annotated[
+    TextBlock
+    | ImageBlock
+    | DocumentBlock
+    | ToolUseBlock
+    | ToolResultBlock
+    | ThinkingBlock
+    | RedactedThinkingBlock,
+    Discriminator("type"),
+]
+
+
+class InputMessage(WireModel):
+    """One conversation turn. `system` turns are mid-conversation operator instructions."""
+
+    role: Literal["user", "assistant", "system"]
+    content: list[ContentBlock]
+
+    _normalise_content = field_validator("content", mode="before")(_text_to_blocks)
+
+    @model_validator(mode="after")
+    def _system_turns_are_text(self) -> InputMessage:
+        if self.role == "system" and any(b.type != "text" for b in self.content):
+            raise ValueError("a system message may contain only text blocks")
+        return self
+
+
+# --- tools, thinking, output format ---------------------------------------------------------
+
+
+class Tool(WireModel):
+    """A client tool. Server tools (other `type`s, no schema) are accepted and not offered."""
+
+    type: str | None = None
+    name: NonEmptyStr
+    description: str = ""
+    input_schema: dict[str, Any] | None = None
+    strict: bool = False
+
+    @property
+    def is_client_tool(self) -> bool:
+        return self.type in (None, "custom")
+
+    @model_validator(mode="after")
+    def _client_tools_have_schema(self) -> Tool:
+        if self.is_client_tool and self.input_schema is None:
+            raise ValueError("input_schema: Field required")
+        return self
+
+
+class ToolChoiceAuto(WireModel):
+    type: Literal["auto"]
+    disable_parallel_tool_use: bool = False
+
+
+class ToolChoiceAny(WireModel):
+    type: Literal["any"]
+    disable_parallel_tool_use: bool = False
+
+
+class ToolChoiceTool(WireModel):
+    type: Literal["tool"]
+    name: NonEmptyStr
+    disable_parallel_tool_use: bool = False
+
+
+class ToolChoiceNone(WireModel):
+    type: Literal["none"]
+
+
+ToolChoice = Annotated[
+    ToolChoiceAuto | ToolChoiceAny | ToolChoiceTool | ToolChoiceNone, Discriminator("type")
+]
+
+
+class ThinkingEnabled(WireModel):
+    type: Literal["enabled"]
+    budget_tokens: StrictPositiveInt
+    display: str | None = None
+
+
+class ThinkingAdaptive(WireModel):
+    type: Literal["adaptive"]
+    display: str | None = None
+
+
+class ThinkingDisabled(WireModel):
+    type: Literal["disabled"]
+
+
+ThinkingConfig = Annotated[
+    ThinkingEnabled | ThinkingAdaptive | ThinkingDisabled, Discriminator("type")
+]
+
+
+class JsonSchemaFormat(WireModel):
+    type: Literal["json_schema"]
+    # `schema` would shadow a BaseModel attribute; keep the wire name as the alias.
+    json_schema: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(WireModel):
+    effort: str | None = None
+    format: JsonSchemaFormat | None = None
+
+
+# --- request bodies -----------------------------------------------------------------------
+
+
+class CountTokensRequest(WireModel):
+    """Body of `POST /v1/messages/count_tokens` (and the shared part of a messages request)."""
+
+    model: NonEmptyStr
+    messages: Annotated[list[InputMessage], Field(min_length=1)]
+    system: list[TextBlock] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: ThinkingConfig | None = None
+    output_config: OutputConfig | None = None
+    # The structured-outputs beta spelled the same thing at the top level.
+    output_format: JsonSchemaFormat | None = None
+
+    _normalise_system = field_validator("system", mode="before")(_text_to_blocks)
+
+    @property
+    def response_format(self) -> JsonSchemaFormat | None:
+        """The requested JSON-schema output format, whichever spelling the client used."""
+        if self.output_config is not None and self.output_config.format is not None:
+            return self.output_config.format
+        return self.output_format
+
+
+class MessagesRequest(CountTokensRequest):
+    """Body of `POST /v1/messages`."""
+
+    max_tokens: StrictPositiveInt
+    stream: Annotated[bool, Field(strict=True)] = False
+    stop_sequences: list[Annotated[str, Field(strict=True)]] | None = None
+    temperature: Annotated[float, Field(strict=True, ge=0.0, le=1.0)] | None = None
+    top_p: Annotated[float, Field(strict=True, ge=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Field(strict=True, ge=0)] | None = None

@@ -1,0 +1,83 @@
+"""The response body of `POST /v1/messages` (non-streaming) and its parts.
+
+The same block and usage models appear inside streaming events (see `events.py`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Discriminator, Field
+
+StopReason = Literal[
+    "end_turn",
+    "max_tokens",
+    "stop_sequence",
+    "tool_use",
+    "pause_turn",
+    "refusal",
+    "model_context_window_exceeded",
+]
+
+
+class ResponseTextBlock(BaseModel):
+    type: Literal["text"] = "text"
+    text: str = ""
+
+
+class ResponseThinkingBlock(BaseModel):
+    type: Literal["thinking"] = "thinking"
+    thinking: str = ""
+    signature: str = ""
+
+
+class ResponseToolUseBlock(BaseModel):
+    type: Literal["tool_use"] = "tool_use"
+    id: str
+    name: str
+    input: dict[str, Any] = Field(default_factory=dict)
+
+
+ResponseContentBlock = Annotated[
+    ResponseTextBlock | ResponseThinkingBlock | ResponseToolUseBlock, Discriminator("type")
+]
+
+
+class Usage(BaseModel):
+    """Token usage. `input_tokens` is only the uncached part of the prompt."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+
+
+class Message(BaseModel):
+    """An assistant message, as returned by a non-streaming request."""
+
+    id: str
+    type: Literal["message"] = "message"
+    role: Literal["assistant"] = "assistant"
+    model: str
+    content: list[ResponseContentBlock] = Field(default_factory=list)
+    stop_reason: StopReason | None = None
+    stop_sequence: str | None = None
+    usage: Usage = Field(default_factory=Usage)
+
+
+class CountTokensResponse(BaseModel):
+    input_tokens: int
+
+
+class ModelEntry(BaseModel):
+    id: str
+    type: Literal["model"] = "model"
+    display_name: str
+    created_at: str  # RFC 3339
+
+
+class ModelList(BaseModel):
+    data: list[ModelEntry]
+    has_more: bool = False
+    first_id: str | None = None
+    last_id: str | None = None

@@ -1,0 +1,1 @@
+"""server room of mlxlaunch (see DESIGN.md)."""

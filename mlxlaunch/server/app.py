@@ -1,0 +1,404 @@
+"""The Anthropic-compatible HTTP app (Starlette).
+
+Handlers are thin: validate → map → call the engine → translate errors into one envelope.
+Every error a client can see, including 404/405 and unexpected failures, is the Anthropic
+error envelope; bad input never takes the server down.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from mlxlaunch.engine.types import (
+    Done,
+    EngineEvent,
+    GenerationRequest,
+    InvalidRequest,
+    ModelInfo,
+    Overloaded,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallEvent,
+)
+from mlxlaunch.protocol.errors import ErrorType, describe_validation_error, error_body, status_for
+from mlxlaunch.protocol.events import ErrorEvent, PingEvent
+from mlxlaunch.protocol.requests import CountTokensRequest, MessagesRequest
+from mlxlaunch.protocol.responses import CountTokensResponse, ModelEntry, ModelList
+from mlxlaunch.protocol.sse import encode_event
+from mlxlaunch.server.blocks import TIMINGS_HEADER, ContentBlockStream, new_message_id
+from mlxlaunch.server.mapping import shows_thinking, to_generation_request
+from mlxlaunch.server.stats_routes import stats_routes
+from mlxlaunch.server.streaming import EventPump, _End
+
+log = logging.getLogger("mlxlaunch.server")
+
+OUTPUT_EVENTS = (TextDelta, ThinkingDelta, ToolCallEvent)
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+class ServingEngine(Protocol):
+    """The part of `mlxlaunch.engine.Engine` the HTTP layer uses."""
+
+    def submit(self, req: GenerationRequest) -> AsyncIterator[EngineEvent]: ...
+
+    def cancel(self, request_id: str) -> None: ...
+
+    async def count_tokens(self, req: GenerationRequest) -> int: ...
+
+    @property
+    def model_info(self) -> ModelInfo | None: ...
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """How the HTTP layer behaves.
+
+    Args:
+        host: interface to bind (loopback by default: the server runs code on your machine).
+        port: TCP port; 0 picks a free one (the runner reports the real one).
+        auth_token: required as `Authorization: Bearer` or `x-api-key`; None disables auth.
+        heartbeat_s: longest silence on a stream before a `ping` (Claude Code waits 300 s).
+        admission_grace_s: how long to wait for admission before starting the stream anyway;
+            errors that arrive within it still get their own HTTP status (400, 429).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    auth_token: str | None = None
+    heartbeat_s: float = 5.0
+    admission_grace_s: float = 2.0
+
+
+class ApiError(Exception):
+    """An error to answer with the envelope; raised inside handlers."""
+
+    def __init__(
+        self,
+        error_type: ErrorType,
+        message: str,
+        *,
+        status: int | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.error_type = error_type
+        self.message = message
+        self.status = status or status_for(error_type)
+        self.headers = headers or {}
+
+
+def error_response(exc: ApiError) -> JSONResponse:
+    """The one place an error becomes an HTTP response."""
+    return JSONResponse(
+        error_body(exc.error_type, exc.message), status_code=exc.status, headers=exc.headers
+    )
+
+
+def engine_error(exc: Exception) -> ApiError:
+    """Translate an engine (or unexpected) error into the envelope's terms."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, InvalidRequest):  # includes PromptTooLong
+        return ApiError("invalid_request_error", str(exc))
+    if isinstance(exc, Overloaded):
+        retry_after = str(max(1, int(exc.retry_after)))
+        return ApiError(
+            "rate_limit_error",
+            str(exc) or "the server is busy",
+            headers={"retry-after": retry_after, "x-should-retry": "true"},
+        )
+    log.error("request failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
+    return ApiError("api_error", f"generation failed: {exc}" if str(exc) else "internal error")
+
+
+async def parse_body(request: Request, model: type[ModelT]) -> ModelT:
+    """Read and validate a JSON body; any problem is a 400 naming the field."""
+    raw_bytes = await request.body()
+    try:
+        raw = json.loads(raw_bytes)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError("invalid_request_error", f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ApiError("invalid_request_error", "request body must be a JSON object")
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise ApiError("invalid_request_error", describe_validation_error(exc, raw)) from exc
+
+
+class MessagesApi:
+    """Route handlers bound to one engine and one set of settings."""
+
+    def __init__(self, engine: ServingEngine, settings: ServerSettings) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.created_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    # --- routes ----------------------------------------------------------------------------
+
+    async def messages(self, request: Request) -> Response:
+        body = await parse_body(request, MessagesRequest)
+        message_id = new_message_id()
+        gen = to_generation_request(body, request_id=message_id)
+        blocks = ContentBlockStream(
+            message_id=message_id,
+            model=body.model,
+            show_thinking=shows_thinking(body),
+            timings=request.headers.get(TIMINGS_HEADER) == "1",
+        )
+        record = RequestLog(message_id, body.model, time.monotonic())
+        try:
+            pump = EventPump(self.engine.submit(gen))
+            wait = self.settings.admission_grace_s if body.stream else self.settings.heartbeat_s
+            first = await pump.next(wait)
+        except Exception as exc:
+            error = engine_error(exc)
+            record.finish(error.status)
+            raise error from exc
+        if body.stream:
+            return StreamingResponse(
+                self._stream(pump, first, blocks, record),
+                media_type="text/event-stream",
+                headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+            )
+        return await self._complete(request, pump, first, blocks, record)
+
+    async def count_tokens(self, request: Request) -> Response:
+        body = await parse_body(request, CountTokensRequest)
+        try:
+            count = await self.engine.count_tokens(to_generation_request(body))
+        except Exception as exc:
+            raise engine_error(exc) from exc
+        return JSONResponse(CountTokensResponse(input_tokens=count).model_dump())
+
+    async def models(self, request: Request) -> Response:
+        entry = self._model_entry(self._loaded_model_id())
+        listing = ModelList(data=[entry], first_id=entry.id, last_id=entry.id)
+        return JSONResponse(listing.model_dump())
+
+    async def model(self, request: Request) -> Response:
+        # Any id is served by the loaded model, so any id "exists".
+        return JSONResponse(self._model_entry(request.path_params["model_id"]).model_dump())
+
+    async def hello(self, request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok", "model": self._loaded_model_id()})
+
+    # --- generation --------------------------------------------------------------------------
+
+    async def _complete(
+        self,
+        request: Request,
+        pump: EventPump,
+        event: EngineEvent | _End | None,
+        blocks: ContentBlockStream,
+        record: RequestLog,
+    ) -> Response:
+        """Non-streaming: run the same state machine, answer with the message it built."""
+        try:
+            while not isinstance(event, _End):
+                if event is None:
+                    if await request.is_disconnected():
+                        self.engine.cancel(blocks.message.id)
+                        raise ApiError("api_error", "client disconnected")
+                else:
+                    record.observe(event)
+                    blocks.feed(event)
+                if blocks.finished:
+                    break
+                event = await pump.next(self.settings.heartbeat_s)
+            if not blocks.finished:
+                raise ApiError("api_error", "generation ended without finishing the message")
+        except Exception as exc:
+            error = engine_error(exc)
+            record.finish(error.status)
+            raise error from exc
+        finally:
+            await pump.aclose()
+        record.finish(200)
+        # serialize_as_any: keeps the opt-in `usage.mlx_timings` (a Usage subclass) in the body.
+        return JSONResponse(blocks.message.model_dump(mode="json", serialize_as_any=True))
+
+    async def _stream(
+        self,
+        pump: EventPump,
+        event: EngineEvent | _End | None,
+        blocks: ContentBlockStream,
+        record: RequestLog,
+    ) -> AsyncIterator[bytes]:
+        """Streaming: SSE frames in PROTOCOL.md order, with pings during silence."""
+        heartbeat = self.settings.heartbeat_s
+        last_sent = time.monotonic()
+        status = 200
+        try:
+            while not isinstance(event, _End):
+                if event is not None:
+                    record.observe(event)
+                    for block_event in blocks.feed(event):
+                        yield encode_event(block_event)
+                        last_sent = time.monotonic()
+                if blocks.finished:
+                    break
+                # Progress events keep arriving during a long prefill: ping on elapsed time,
+                # not on the gap since the last engine event.
+                if time.monotonic() - last_sent >= heartbeat:
+                    yield encode_event(PingEvent())
+                    last_sent = time.monotonic()
+                event = await pump.next(max(0.0, heartbeat - (time.monotonic() - last_sent)))
+            if not blocks.finished:
+                raise ApiError("api_error", "generation ended without finishing the message")
+        except Exception as exc:
+            # Headers are gone; the only way to report is an error event (and no message_stop).
+            error = engine_error(exc)
+            status = error.status
+            yield encode_event(
+                ErrorEvent.model_validate(error_body(error.error_type, error.message))
+            )
+        finally:
+            if not blocks.finished:
+                self.engine.cancel(blocks.message.id)
+                status = status if status != 200 else 499  # client went away
+            await pump.aclose()
+            record.finish(status)
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _loaded_model_id(self) -> str:
+        info = self.engine.model_info
+        return info.id if info is not None else "unloaded"
+
+    def _model_entry(self, model_id: str) -> ModelEntry:
+        return ModelEntry(id=model_id, display_name=model_id, created_at=self.created_at)
+
+
+class RequestLog:
+    """Collects one request's figures and logs them as one line (never the auth token)."""
+
+    def __init__(self, request_id: str, model: str, started: float) -> None:
+        self.request_id = request_id
+        self.model = model
+        self.started = started
+        self.done: Done | None = None
+        self.first_output: float | None = None
+        self._logged = False
+
+    def observe(self, event: EngineEvent) -> None:
+        if isinstance(event, Done):
+            self.done = event
+        elif self.first_output is None and isinstance(event, OUTPUT_EVENTS):
+            self.first_output = time.monotonic()
+
+    def finish(self, status: int) -> None:
+        if self._logged:
+            return
+        self._logged = True
+        usage = self.done.usage if self.done else None
+        timings = self.done.timings if self.done else None
+        ttft = timings.ttft_s if timings and timings.ttft_s else self._ttft()
+        log.info(
+            "%s model=%s prompt=%d cached=%d output=%d ttft=%.2fs tok/s=%.1f status=%d",
+            self.request_id,
+            self.model,
+            usage.prompt_tokens if usage else 0,
+            usage.cached_tokens if usage else 0,
+            usage.output_tokens if usage else 0,
+            ttft,
+            timings.decode_tps if timings else 0.0,
+            status,
+        )
+
+    def _ttft(self) -> float:
+        return (self.first_output - self.started) if self.first_output is not None else 0.0
+
+
+# --- auth and error plumbing --------------------------------------------------------------
+
+
+def _token_matches(request: Request, token: str) -> bool:
+    presented: list[str] = []
+    authorization = request.headers.get("authorization", "")
+    scheme, _, credential = authorization.partition(" ")
+    if scheme.lower() == "bearer" and credential:
+        presented.append(credential.strip())
+    if api_key := request.headers.get("x-api-key"):
+        presented.append(api_key.strip())
+    expected = token.encode()
+    # Evaluate every candidate (no short-circuit) so timing does not tell which one failed.
+    matches = [hmac.compare_digest(p.encode(), expected) for p in presented]
+    return any(matches)
+
+
+def guarded(handler: Handler, settings: ServerSettings, *, auth: bool = True) -> Handler:
+    """Wrap a handler with the auth check and the one error envelope."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            if auth and settings.auth_token and not _token_matches(request, settings.auth_token):
+                raise ApiError("authentication_error", "invalid or missing API key")
+            return await handler(request)
+        except ApiError as exc:
+            return error_response(exc)
+        except Exception as exc:  # never let a bug become a non-envelope 500 or a crash
+            return error_response(engine_error(exc))
+
+    return endpoint
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        error = ApiError("not_found_error", f"not found: {request.method} {request.url.path}")
+    elif exc.status_code == 405:
+        error = ApiError(
+            "invalid_request_error",
+            f"method {request.method} not allowed for {request.url.path}",
+            status=405,
+            headers=dict(exc.headers or {}),
+        )
+    else:
+        error = ApiError("api_error", str(exc.detail), status=exc.status_code)
+    return error_response(error)
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    return error_response(ApiError("api_error", "internal server error"))
+
+
+def build_app(engine: ServingEngine, settings: ServerSettings | None = None) -> Starlette:
+    """The Starlette app serving `engine` under the Anthropic Messages API."""
+    settings = settings or ServerSettings()
+    api = MessagesApi(engine, settings)
+    routes = [
+        Route("/v1/messages", guarded(api.messages, settings), methods=["POST"]),
+        Route("/v1/messages/count_tokens", guarded(api.count_tokens, settings), methods=["POST"]),
+        Route("/v1/models", guarded(api.models, settings), methods=["GET"]),
+        Route("/v1/models/{model_id:path}", guarded(api.model, settings), methods=["GET"]),
+        Route("/api/hello", guarded(api.hello, settings, auth=False), methods=["GET", "HEAD"]),
+        Route("/health", guarded(api.health, settings, auth=False), methods=["GET"]),
+        *stats_routes(engine, lambda handler: guarded(handler, settings)),
+    ]
+    handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
+        HTTPException: _http_exception,
+        Exception: _unexpected,
+    }
+    app = Starlette(routes=routes, exception_handlers=handlers)
+    app.state.api = api
+    return app

@@ -1,0 +1,260 @@
+"""Anthropic request → engine `GenerationRequest`, in one pure module.
+
+The engine speaks chat-template shape (system/user/assistant/tool messages with tool calls and
+reasoning); this module is the only place that knows both vocabularies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from mlxlaunch.engine.types import (
+    ChatMessage,
+    GenerationRequest,
+    RequestKind,
+    Sampling,
+    ToolCallRecord,
+    ToolChoice,
+    ToolSpec,
+)
+from mlxlaunch.protocol.requests import (
+    CountTokensRequest,
+    DocumentBlock,
+    ImageBlock,
+    InputMessage,
+    MessagesRequest,
+    RedactedThinkingBlock,
+    TextBlock,
+    ThinkingAdaptive,
+    ThinkingBlock,
+    ThinkingEnabled,
+    ToolChoiceAny,
+    ToolChoiceAuto,
+    ToolChoiceNone,
+    ToolChoiceTool,
+    ToolResultBlock,
+    ToolResultPart,
+    ToolUseBlock,
+)
+
+BILLING_HEADER_PREFIX = "x-anthropic-billing-header:"
+BLOCK_SEPARATOR = "\n\n"
+
+# Markers of Claude Code's main-agent system prompt (interactive CLI and `-p`/SDK mode).
+# Only used to label requests in stats; a wrong guess changes nothing else.
+_MAIN_AGENT_MARKERS = (
+    "You are an interactive agent",
+    "You are an interactive CLI tool",
+    "You are an agent working with the user toward their goals",
+)
+_CLAUDE_CODE_MARKERS = ("Claude Code", "Claude Agent SDK")
+
+
+def to_generation_request(
+    req: MessagesRequest | CountTokensRequest, *, request_id: str = ""
+) -> GenerationRequest:
+    """Map a validated request body to the engine's request.
+
+    A count_tokens body has no `max_tokens`; it maps with `max_tokens=1` (only the prompt counts).
+    """
+    system_text = system_prompt(req.system or [])
+    messages: list[ChatMessage] = []
+    if system_text:
+        messages.append(ChatMessage(role="system", content=system_text))
+    messages.extend(conversation(req.messages))
+
+    tools = [
+        ToolSpec(
+            name=tool.name,
+            description=tool.description,
+            parameters=dict(tool.input_schema or {}),
+            strict=tool.strict,
+        )
+        for tool in req.tools or []
+        if tool.is_client_tool
+    ]
+    response_format = req.response_format
+    thinking_on, budget = thinking_settings(req)
+
+    if isinstance(req, MessagesRequest):
+        max_tokens = req.max_tokens
+        stop_sequences = [s for s in req.stop_sequences or [] if s]
+        sampling = Sampling(
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=req.top_k or 0,
+        )
+    else:
+        max_tokens, stop_sequences, sampling = 1, [], Sampling()
+
+    return GenerationRequest(
+        messages=messages,
+        max_tokens=max_tokens,
+        tools=tools,
+        tool_choice=tool_choice(req),
+        sampling=sampling,
+        thinking=thinking_on,
+        thinking_budget=budget,
+        stop_sequences=stop_sequences,
+        response_schema=dict(response_format.json_schema) if response_format else None,
+        request_id=request_id,
+        kind=request_kind(req, system_text),
+        model_alias=req.model,
+    )
+
+
+def system_prompt(blocks: Sequence[TextBlock]) -> str:
+    """Join the top-level system blocks, dropping Claude Code's per-conversation billing header
+    (it changes every conversation and would defeat prefix caching)."""
+    kept = [b.text for b in blocks if not b.text.lstrip().startswith(BILLING_HEADER_PREFIX)]
+    return BLOCK_SEPARATOR.join(t for t in kept if t)
+
+
+def conversation(turns: Iterable[InputMessage]) -> list[ChatMessage]:
+    """Turn Anthropic messages into chat-template messages, in order.
+
+    tool_use blocks become the assistant's `tool_calls`; each tool_result becomes a `tool`
+    message; thinking blocks become the assistant's `reasoning`; `system` turns stay in place
+    (consecutive ones merge) and are never folded into the top-level system prompt.
+    """
+    tool_names: dict[str, str] = {}
+    out: list[ChatMessage] = []
+    for turn in turns:
+        if turn.role == "assistant":
+            message = _assistant_message(turn)
+            tool_names.update((call.id, call.name) for call in message.tool_calls)
+            out.append(message)
+        elif turn.role == "system":
+            text = BLOCK_SEPARATOR.join(b.text for b in turn.content if isinstance(b, TextBlock))
+            if out and out[-1].role == "system":
+                out[-1].content = BLOCK_SEPARATOR.join(p for p in (out[-1].content, text) if p)
+            else:
+                out.append(ChatMessage(role="system", content=text))
+        else:
+            out.extend(_user_messages(turn, tool_names))
+    return out
+
+
+def _assistant_message(turn: InputMessage) -> ChatMessage:
+    texts: list[str] = []
+    reasoning: list[str] = []
+    calls: list[ToolCallRecord] = []
+    for block in turn.content:
+        if isinstance(block, TextBlock):
+            texts.append(block.text)
+        elif isinstance(block, ThinkingBlock):
+            reasoning.append(block.thinking)
+        elif isinstance(block, ToolUseBlock):
+            calls.append(ToolCallRecord(id=block.id, name=block.name, arguments=block.input))
+        elif isinstance(block, RedactedThinkingBlock):
+            continue  # encrypted by another server; nothing a local model can read
+        else:
+            texts.append(_media_placeholder(block))
+    return ChatMessage(
+        role="assistant",
+        content="".join(texts),
+        reasoning="\n".join(reasoning) if reasoning else None,
+        tool_calls=calls,
+    )
+
+
+def _user_messages(turn: InputMessage, tool_names: dict[str, str]) -> list[ChatMessage]:
+    """A user turn: runs of text become user messages; each tool_result a tool message."""
+    out: list[ChatMessage] = []
+    pending_text: list[str] = []
+
+    def flush_text() -> None:
+        if pending_text:
+            out.append(ChatMessage(role="user", content=BLOCK_SEPARATOR.join(pending_text)))
+            pending_text.clear()
+
+    for block in turn.content:
+        if isinstance(block, ToolResultBlock):
+            flush_text()
+            out.append(
+                ChatMessage(
+                    role="tool",
+                    content=tool_result_text(block.content),
+                    tool_call_id=block.tool_use_id,
+                    name=tool_names.get(block.tool_use_id),
+                    is_error=block.is_error,
+                )
+            )
+        elif isinstance(block, TextBlock):
+            pending_text.append(block.text)
+        elif isinstance(block, ImageBlock | DocumentBlock):
+            pending_text.append(_media_placeholder(block))
+        # thinking blocks in a user turn carry nothing the model should see
+    flush_text()
+    if not out:
+        out.append(ChatMessage(role="user", content=""))
+    return out
+
+
+def tool_result_text(parts: Sequence[ToolResultPart]) -> str:
+    """The text a tool returned (text parts joined; media as placeholders)."""
+    return BLOCK_SEPARATOR.join(
+        p.text if isinstance(p, TextBlock) else _media_placeholder(p) for p in parts
+    )
+
+
+def _media_placeholder(block: object) -> str:
+    # The engine's messages are text-only; keep a marker so the model knows something was there.
+    if isinstance(block, DocumentBlock):
+        source = block.source
+        if source.get("type") == "text" and isinstance(source.get("data"), str):
+            title = f"{block.title}\n" if block.title else ""
+            return f"{title}{source['data']}"
+        return f"[document{': ' + block.title if block.title else ''} omitted]"
+    if isinstance(block, ImageBlock):
+        return "[image omitted]"
+    return ""
+
+
+def tool_choice(req: CountTokensRequest) -> ToolChoice:
+    """The engine's tool choice; `disable_parallel_tool_use` means at most one call."""
+    choice = req.tool_choice
+    if isinstance(choice, ToolChoiceNone):
+        return ToolChoice(mode="none")
+    if isinstance(choice, ToolChoiceTool):
+        return ToolChoice(
+            mode="tool", name=choice.name, parallel=not choice.disable_parallel_tool_use
+        )
+    if isinstance(choice, ToolChoiceAny):
+        return ToolChoice(mode="any", parallel=not choice.disable_parallel_tool_use)
+    if isinstance(choice, ToolChoiceAuto):
+        return ToolChoice(mode="auto", parallel=not choice.disable_parallel_tool_use)
+    return ToolChoice()
+
+
+def thinking_settings(req: CountTokensRequest) -> tuple[bool, int | None]:
+    """(thinking on?, budget tokens or None). `adaptive` lets the model decide: on, no budget."""
+    if isinstance(req.thinking, ThinkingEnabled):
+        return True, req.thinking.budget_tokens
+    if isinstance(req.thinking, ThinkingAdaptive):
+        return True, None
+    return False, None
+
+
+def shows_thinking(req: CountTokensRequest) -> bool:
+    """Whether thinking text is sent to the client (`display: omitted` sends only signatures)."""
+    if isinstance(req.thinking, ThinkingEnabled | ThinkingAdaptive):
+        return req.thinking.display != "omitted"
+    return True
+
+
+def request_kind(req: CountTokensRequest, system_text: str) -> RequestKind:
+    """Label a request for stats: Claude Code's session title, main agent, subagent, or other."""
+    response_format = req.response_format
+    client_tools = [t for t in req.tools or [] if t.is_client_tool]
+    if response_format is not None and not client_tools:
+        properties = response_format.json_schema.get("properties")
+        if isinstance(properties, dict) and "title" in properties:
+            return "title"
+    if not client_tools:
+        return "other"
+    if any(marker in system_text for marker in _MAIN_AGENT_MARKERS):
+        return "main"
+    if any(marker in system_text for marker in _CLAUDE_CODE_MARKERS):
+        return "subagent"
+    return "other"

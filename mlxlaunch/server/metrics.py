@@ -1,0 +1,187 @@
+"""`GET /metrics`: the engine's figures in the Prometheus text format.
+
+A custom collector reads `engine.stats()` at scrape time, so the hot path keeps its own cheap
+counters and nothing here is updated per token. The two latency histograms are fed from the
+engine's ring of recent request records, each record once, when a scrape sees it (requests
+that fall off the ring between two scrapes are missed; the ring holds 50 by default).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+from starlette.requests import Request
+from starlette.responses import Response
+
+from mlxlaunch.server.stats_routes import build_snapshot
+
+PREFIX = "mlxlaunch"
+MODEL_STATES = ("unloaded", "loading", "loaded", "idle")
+TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+ITL_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
+# Counters with their own metric; any other `requests_<x>` counter becomes outcome="<x>".
+_TOKEN_COUNTERS = {
+    "prompt_tokens": ("prompt_tokens", "Prompt tokens of admitted requests."),
+    "cached_tokens": ("cached_prompt_tokens", "Prompt tokens served from the prefix cache."),
+    "generated_tokens": ("generated_tokens", "Tokens generated."),
+}
+_SEEN_LIMIT = 4096
+
+
+class Histogram:
+    """Cumulative bucket counts of one latency, observed once per request."""
+
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.bounds = buckets
+        self.counts = [0] * (len(buckets) + 1)  # the last one is +Inf
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        index = next((i for i, b in enumerate(self.bounds) if value <= b), len(self.bounds))
+        self.counts[index] += 1
+        self.total += value
+
+    def family(self) -> HistogramMetricFamily:
+        cumulative: list[tuple[str, float]] = []
+        running = 0
+        for bound, count in zip((*map(str, self.bounds), "+Inf"), self.counts, strict=True):
+            running += count
+            cumulative.append((bound, running))
+        return HistogramMetricFamily(
+            self.name, self.documentation, buckets=cumulative, sum_value=self.total
+        )
+
+
+class EngineCollector(Collector):
+    """Prometheus collector over `engine.stats()`; safe to scrape from several threads."""
+
+    def __init__(self, engine: object) -> None:
+        self.engine = engine
+        self._lock = threading.Lock()
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self.ttft = Histogram(
+            f"{PREFIX}_time_to_first_token_seconds",
+            "Time from submission to the first generated token.",
+            TTFT_BUCKETS,
+        )
+        self.itl = Histogram(
+            f"{PREFIX}_inter_token_latency_seconds",
+            "Mean time between two generated tokens of a request.",
+            ITL_BUCKETS,
+        )
+
+    def collect(self) -> Iterable[Metric]:
+        read = getattr(self.engine, "stats", None)
+        snap = build_snapshot(read() if callable(read) else None, started_at=0.0)
+        with self._lock:
+            self._absorb(snap.get("recent") or [])
+            histograms = [self.ttft.family(), self.itl.family()]
+        yield from _counters(snap.get("counters") or {})
+        yield from _gauges(snap)
+        yield from histograms
+
+    def _absorb(self, records: list[Mapping[str, Any]]) -> None:
+        for record in records:
+            request_id = str(record.get("request_id", ""))
+            if not request_id or request_id in self._seen:
+                continue
+            self._seen[request_id] = None
+            if len(self._seen) > _SEEN_LIMIT:
+                self._seen.popitem(last=False)
+            if int(record.get("output_tokens", 0) or 0) < 1:
+                continue  # refused or failed before a token: no latency to speak of
+            ttft = float(record.get("ttft_s", 0.0) or 0.0)
+            if ttft > 0:
+                self.ttft.observe(ttft)
+            decode_tps = float(record.get("decode_tps", 0.0) or 0.0)
+            if decode_tps > 0:
+                self.itl.observe(1.0 / decode_tps)
+
+
+def _counters(counters: Mapping[str, Any]) -> Iterator[Metric]:
+    outcomes = CounterMetricFamily(f"{PREFIX}_requests", "Requests by outcome.", labels=["outcome"])
+    for name, value in counters.items():
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            continue
+        if name == "requests_admitted":
+            yield CounterMetricFamily(
+                f"{PREFIX}_requests_admitted", "Requests admitted to the engine.", value=value
+            )
+        elif name.startswith("requests_"):
+            outcomes.add_metric([name.removeprefix("requests_")], value)
+        elif name in _TOKEN_COUNTERS:
+            metric, doc = _TOKEN_COUNTERS[name]
+            yield CounterMetricFamily(f"{PREFIX}_{metric}", doc, value=value)
+        else:  # a counter added later: exported under its own name
+            yield CounterMetricFamily(f"{PREFIX}_{name}", f"Engine counter {name}.", value=value)
+    yield outcomes
+
+
+def _gauge(name: str, doc: str, value: Any) -> GaugeMetricFamily:
+    return GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=float(value or 0))
+
+
+def _gauges(snap: Mapping[str, Any]) -> Iterator[Metric]:
+    cache = snap.get("cache") or {}
+    yield _gauge("queue_depth", "Requests waiting for a batch slot.", snap.get("queue_depth"))
+    yield _gauge("requests_running", "Requests being prefilled or decoded.", snap.get("running"))
+    yield _gauge(
+        "prefill_tokens_per_second", "Recent prompt processing speed.", snap.get("prefill_tps")
+    )
+    yield _gauge(
+        "decode_tokens_per_second",
+        "Recent generation speed, all sequences.",
+        snap.get("decode_tps"),
+    )
+    yield _gauge("prefix_cache_bytes", "Memory held by the prefix cache.", cache.get("bytes"))
+    yield _gauge(
+        "prefix_cache_disk_bytes", "Disk used by the prefix cache.", cache.get("disk_bytes")
+    )
+    yield _gauge(
+        "prefix_cache_hit_ratio",
+        "Share of prompt tokens served from the prefix cache.",
+        cache.get("hit_ratio"),
+    )
+    yield _gauge(
+        "memory_active_bytes", "Accelerator memory in use.", snap.get("memory_active_bytes")
+    )
+    yield _gauge(
+        "memory_cache_bytes",
+        "Accelerator memory held in MLX's cache.",
+        snap.get("memory_cache_bytes"),
+    )
+    state = str(snap.get("state") or "unloaded")
+    states = GaugeMetricFamily(
+        f"{PREFIX}_model_state", "1 for the model's current load state.", labels=["state"]
+    )
+    for name in dict.fromkeys((*MODEL_STATES, state)):
+        states.add_metric([name], 1.0 if name == state else 0.0)
+    yield states
+    info = GaugeMetricFamily(f"{PREFIX}_model_info", "The model being served.", labels=["model"])
+    info.add_metric([str(snap.get("model") or "")], 1.0)
+    yield info
+
+
+class MetricsRoute:
+    """`GET /metrics` for one engine, with its own registry (no process-global state)."""
+
+    def __init__(self, engine: object) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.collector = EngineCollector(engine)
+        self.registry.register(self.collector)
+
+    async def metrics(self, request: Request) -> Response:
+        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE_LATEST)

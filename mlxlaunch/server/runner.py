@@ -1,0 +1,111 @@
+"""Run the app under uvicorn in this process, on its own thread and event loop.
+
+The engine keeps its own worker thread; this thread only does HTTP. The socket is bound here,
+before uvicorn starts, so port 0 yields the real port at once and a bind error is raised to the
+caller instead of being logged on a background thread.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+import uvicorn
+
+from mlxlaunch.errors import ConfigError
+from mlxlaunch.server.app import ServerSettings, ServingEngine, build_app
+from mlxlaunch.server.stats_routes import close_streams
+
+_START_TIMEOUT_S = 30.0
+
+
+@dataclass
+class ServerHandle:
+    """A running server. `stop()` shuts it down cleanly and frees the port."""
+
+    host: str
+    port: int
+    _server: uvicorn.Server
+    _thread: threading.Thread
+    _socket: socket.socket
+    _engine: object
+
+    @property
+    def url(self) -> str:
+        """The base URL clients use (no `/v1`), e.g. `http://127.0.0.1:8080`."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop accepting, let open requests finish for up to `timeout` s, then force."""
+        close_streams(self._engine)  # endless stats streams would hold up a graceful stop
+        self._server.should_exit = True
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            self._server.force_exit = True
+            self._thread.join(timeout)
+        self._socket.close()
+
+    def __enter__(self) -> ServerHandle:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on (host, port); raises ConfigError when the port is taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+            hint="pick another --port, or 0 for any free port",
+        ) from exc
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def start_server(
+    engine: ServingEngine, settings: ServerSettings | None = None, *, log_level: str = "warning"
+) -> ServerHandle:
+    """Serve `engine` on `settings.host:settings.port` from a background thread."""
+    settings = settings or ServerSettings()
+    sock = bind_socket(settings.host, settings.port)
+    config = uvicorn.Config(
+        build_app(engine, settings),
+        lifespan="off",
+        log_config=None,  # keep the host application's logging setup
+        log_level=log_level,
+        access_log=False,  # the app logs one line per request itself
+        timeout_graceful_shutdown=5,
+        # `ping` frames keep streams alive; idle keep-alive connections may linger a while.
+        timeout_keep_alive=75,
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name="mlxlaunch-http", daemon=True
+    )
+    thread.start()
+    deadline = time.monotonic() + _START_TIMEOUT_S
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            sock.close()
+            raise RuntimeError("the HTTP server did not start")
+        time.sleep(0.01)
+    host, port = sock.getsockname()[:2]
+    return ServerHandle(
+        host=str(host), port=int(port), _server=server, _thread=thread, _socket=sock, _engine=engine
+    )

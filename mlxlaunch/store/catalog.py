@@ -1,0 +1,102 @@
+"""Short aliases for well-known MLX models that handle Claude Code's tool use well.
+
+Sizes are the download size of the MLX weights on the hub (rounded); context windows are the
+`max_position_embeddings` of each model's config. `rank` orders quality for Claude Code work
+(higher is better): `recommend` picks the best-ranked entry that fits the machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from mlxlaunch.store.memory import GIB, memory_fit, memory_needed
+
+GB = 1000**3
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    """One curated model: its alias, hub repo, and the figures used to pick it."""
+
+    alias: str
+    repo_id: str
+    kind: str  # "coder" or "general"
+    params: str  # as the model's authors name it, e.g. "30B-A3B"
+    bits: int
+    size_bytes: int
+    context_window: int
+    rank: int
+    note: str = ""
+
+    @property
+    def memory_bytes(self) -> int:
+        """Memory this model needs for a long session (see `store.memory`)."""
+        return memory_needed(self.size_bytes)
+
+
+def _gb(x: float) -> int:
+    return int(x * GB)
+
+
+CATALOG: tuple[CatalogEntry, ...] = (
+    CatalogEntry("qwen3-coder-30b", "mlx-community/Qwen3-Coder-30B-A3B-Instruct-4bit", "coder",
+                 "30B-A3B", 4, _gb(17.2), 262_144, 90, "MoE coder; fast for its size"),
+    CatalogEntry("qwen3-coder-30b-8bit", "mlx-community/Qwen3-Coder-30B-A3B-Instruct-8bit",
+                 "coder", "30B-A3B", 8, _gb(32.5), 262_144, 92),
+    CatalogEntry("qwen-coder-32b", "mlx-community/Qwen2.5-Coder-32B-Instruct-4bit", "coder",
+                 "32B", 4, _gb(18.4), 32_768, 70),
+    CatalogEntry("qwen-coder-14b", "mlx-community/Qwen2.5-Coder-14B-Instruct-4bit", "coder",
+                 "14B", 4, _gb(8.3), 32_768, 55),
+    CatalogEntry("qwen-coder-7b", "mlx-community/Qwen2.5-Coder-7B-Instruct-4bit", "coder",
+                 "7B", 4, _gb(4.3), 32_768, 40),
+    CatalogEntry("qwen-coder-1.5b", "mlx-community/Qwen2.5-Coder-1.5B-Instruct-4bit", "coder",
+                 "1.5B", 4, _gb(0.87), 32_768, 10, "for trying things out"),
+    CatalogEntry("qwen3-30b", "mlx-community/Qwen3-30B-A3B-4bit", "general",
+                 "30B-A3B", 4, _gb(17.2), 40_960, 80, "thinking + tools"),
+    CatalogEntry("qwen3-14b", "mlx-community/Qwen3-14B-4bit", "general",
+                 "14B", 4, _gb(8.3), 40_960, 60, "thinking + tools"),
+    CatalogEntry("qwen3-8b", "mlx-community/Qwen3-8B-4bit", "general",
+                 "8B", 4, _gb(4.6), 40_960, 45, "thinking + tools"),
+    CatalogEntry("qwen3-4b", "mlx-community/Qwen3-4B-4bit", "general",
+                 "4B", 4, _gb(2.3), 40_960, 25, "thinking + tools"),
+)  # fmt: skip
+
+
+def catalog_entry(alias: str) -> CatalogEntry | None:
+    """The entry for `alias` (case-insensitive), or None."""
+    wanted = alias.strip().lower()
+    return next((e for e in CATALOG if e.alias == wanted), None)
+
+
+def alias_for_repo(repo_id: str) -> str | None:
+    """The alias that maps to `repo_id` (case-insensitive), if any."""
+    wanted = repo_id.lower()
+    return next((e.alias for e in CATALOG if e.repo_id.lower() == wanted), None)
+
+
+def recommend(
+    total_memory: int | None = None,
+    *,
+    kind: str | None = None,
+    entries: Iterable[CatalogEntry] = CATALOG,
+) -> CatalogEntry | None:
+    """The best-ranked entry that fits a machine with `total_memory` bytes (None if none fits).
+
+    Args:
+        total_memory: bytes of RAM; None reads this machine's.
+        kind: restrict to "coder" or "general" models.
+        entries: the catalog to choose from (tests pass their own).
+    """
+    fitting = [
+        e
+        for e in entries
+        if (kind is None or e.kind == kind) and memory_fit(e.size_bytes, total_memory).fits
+    ]
+    if not fitting:
+        return None
+    # Prefer rank, then a longer context (Claude Code's prompt alone is ~20k tokens).
+    return max(fitting, key=lambda e: (e.rank, e.context_window))
+
+
+__all__ = ["CATALOG", "GIB", "CatalogEntry", "alias_for_repo", "catalog_entry", "recommend"]

@@ -1,0 +1,160 @@
+"""The local model inventory: hub-cache repos (via `scan_cache_dir`) plus registered directories."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import CachedRepoInfo, CachedRevisionInfo, scan_cache_dir
+
+from mlxlaunch.store.catalog import alias_for_repo
+from mlxlaunch.store.facts import ModelFacts, read_facts
+from mlxlaunch.store.paths import hub_cache_dir
+from mlxlaunch.store.registry import last_used, local_models
+
+
+@dataclass(frozen=True)
+class LocalModel:
+    """One model on this machine, as `mlx models list` shows it."""
+
+    name: str  # what to type: alias, repo id, or registered name
+    repo_id: str | None
+    alias: str | None
+    source: str  # "hub" (hub cache) or "local" (registered directory)
+    path: Path  # the directory mlx-lm loads
+    revision: str | None  # commit hash for hub models
+    refs: tuple[str, ...]
+    size_on_disk: int
+    complete: bool
+    facts: ModelFacts
+    last_used: float | None
+    revisions: tuple[str, ...] = ()
+
+    def as_json(self) -> dict[str, Any]:
+        """A JSON-ready dict for `--json` output."""
+        f = self.facts
+        return {
+            "name": self.name,
+            "repo_id": self.repo_id,
+            "alias": self.alias,
+            "source": self.source,
+            "path": str(self.path),
+            "revision": self.revision,
+            "refs": list(self.refs),
+            "size_on_disk": self.size_on_disk,
+            "complete": self.complete,
+            "model_type": f.model_type,
+            "architecture_supported": f.architecture_supported,
+            "quant_bits": f.quant_bits,
+            "dtype": f.dtype,
+            "param_count": f.param_count,
+            "context_window": f.context_window,
+            "tool_format": f.tool_format,
+            "thinking": f.thinking,
+            "last_used": self.last_used,
+        }
+
+
+def snapshot_complete(path: Path) -> bool:
+    """True when a model directory holds everything mlx-lm loads (no missing shards)."""
+    if not (path / "config.json").is_file():
+        return False
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            shards = set(weight_map.values())
+        except (OSError, ValueError, KeyError, AttributeError):
+            return False
+        if not shards or not all((path / s).is_file() for s in shards):
+            return False
+    elif not any(p.is_file() for p in path.glob("model*.safetensors")):
+        return False
+    tokenizers = ("tokenizer.json", "tokenizer.model", "vocab.json")
+    return any((path / n).is_file() for n in tokenizers) or any(path.glob("*.tiktoken"))
+
+
+def _main_revision(repo: CachedRepoInfo) -> CachedRevisionInfo:
+    """The revision `main` points to, else the newest one."""
+    by_ref = {ref: rev for rev in repo.revisions for ref in rev.refs}
+    if "main" in by_ref:
+        return by_ref["main"]
+    return max(repo.revisions, key=lambda r: r.last_modified)
+
+
+def _hub_models(cache_dir: Path, used: dict[str, float]) -> list[LocalModel]:
+    if not cache_dir.is_dir():
+        return []
+    info = scan_cache_dir(cache_dir)
+    models = []
+    for repo in info.repos:
+        if repo.repo_type != "model" or not repo.revisions:
+            continue
+        revision = _main_revision(repo)
+        facts = read_facts(revision.snapshot_path)
+        if facts.model_type is None and not facts.weight_files:
+            continue  # not a model we could ever load (e.g. a lone tokenizer repo)
+        alias = alias_for_repo(repo.repo_id)
+        models.append(
+            LocalModel(
+                name=alias or repo.repo_id,
+                repo_id=repo.repo_id,
+                alias=alias,
+                source="hub",
+                path=revision.snapshot_path,
+                revision=revision.commit_hash,
+                refs=tuple(sorted(revision.refs)),
+                size_on_disk=repo.size_on_disk,
+                complete=snapshot_complete(revision.snapshot_path),
+                facts=facts,
+                last_used=used.get(repo.repo_id),
+                revisions=tuple(sorted(r.commit_hash for r in repo.revisions)),
+            )
+        )
+    return models
+
+
+def _dir_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _local_models(used: dict[str, float]) -> list[LocalModel]:
+    models = []
+    for name, path in local_models().items():
+        if not path.is_dir():
+            continue  # registered, then moved or deleted: `mlx models rm NAME` forgets it
+        models.append(
+            LocalModel(
+                name=name,
+                repo_id=None,
+                alias=None,
+                source="local",
+                path=path,
+                revision=None,
+                refs=(),
+                size_on_disk=_dir_size(path),
+                complete=snapshot_complete(path),
+                facts=read_facts(path),
+                last_used=used.get(name),
+            )
+        )
+    return models
+
+
+def list_models(cache_dir: Path | None = None) -> list[LocalModel]:
+    """Every local model: hub-cache repos and registered directories, sorted by name."""
+    used = last_used()
+    models = _hub_models(cache_dir or hub_cache_dir(), used) + _local_models(used)
+    return sorted(models, key=lambda m: m.name.lower())
+
+
+def find_local(name: str, cache_dir: Path | None = None) -> LocalModel | None:
+    """The local model known as `name` (alias, repo id or registered name; case-insensitive)."""
+    wanted = name.lower()
+    for model in list_models(cache_dir):
+        keys = {model.name, model.repo_id or "", model.alias or ""}
+        if wanted in {k.lower() for k in keys if k}:
+            return model
+    return None

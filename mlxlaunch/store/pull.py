@@ -1,0 +1,399 @@
+"""`mlx models pull`: plan (what to fetch, does it fit, can MLX load it), then download.
+
+Downloads go through huggingface_hub (its API client, auth headers, `http_get` and cache
+layout) into the standard hub cache. Two things are our own because huggingface_hub 2.x no
+longer offers them: a resume that survives the process (each file streams into
+`blobs/<etag>.incomplete`, which a reconnection or the next pull continues with an HTTP Range
+request; the library deletes its partial files on failure), and
+registration last — snapshot links and the ref are written only once every file is present and
+checked, so an interrupted pull leaves nothing that `list` or `resolve_model` would offer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import httpx2
+from huggingface_hub import HfApi, constants, hf_hub_download, hf_hub_url
+from huggingface_hub.errors import (
+    GatedRepoError,
+    HfHubHTTPError,
+    LocalEntryNotFoundError,
+    OfflineModeIsEnabled,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from huggingface_hub.file_download import repo_folder_name
+from huggingface_hub.utils import (
+    WeakFileLock,
+    build_hf_headers,
+    get_session,
+    hf_raise_for_status,
+)
+
+from mlxlaunch import __version__
+from mlxlaunch.errors import ModelLoadError, ModelNotFound, NetworkError
+from mlxlaunch.store.catalog import alias_for_repo, catalog_entry
+from mlxlaunch.store.facts import mlx_lm_model_module
+from mlxlaunch.store.memory import MemoryFit, memory_fit
+from mlxlaunch.store.paths import hub_cache_dir, hub_endpoint
+from mlxlaunch.store.progress import PullProgress, SilentProgress
+from mlxlaunch.store.resolve import is_repo_id
+from mlxlaunch.store.selection import check_repo_files
+from mlxlaunch.store.verify import VerifyReport, verify_model_dir
+
+LIBRARY = "mlxlaunch"
+RETRY_BACKOFF_S = 0.5
+
+
+class NotAnMlxModel(ModelLoadError):
+    """A hub repo MLX cannot load (no safetensors, unknown architecture, no tokenizer)."""
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """One file to fetch, with what identifies its bytes."""
+
+    name: str
+    size: int
+    etag: str  # the cache's blob name: LFS sha256, else git blob id
+    sha256: str | None  # LFS files
+    blob_id: str | None  # git blob sha1 (non-LFS files)
+
+
+@dataclass(frozen=True)
+class PullPlan:
+    """What a pull will do, decided before any byte of weights moves."""
+
+    repo_id: str
+    alias: str | None
+    revision: str
+    commit: str
+    files: tuple[RemoteFile, ...]
+    skipped: tuple[str, ...]  # repo files MLX does not need
+    problems: tuple[str, ...]
+    fit: MemoryFit
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of all files to have locally."""
+        return sum(f.size for f in self.files)
+
+    @property
+    def weights_bytes(self) -> int:
+        """Bytes of the weight files (what memory must hold)."""
+        return sum(f.size for f in self.files if f.name.endswith(".safetensors"))
+
+
+@dataclass(frozen=True)
+class PullResult:
+    """A finished pull: where the model is and what the check after download found."""
+
+    path: Path
+    downloaded_bytes: int
+    report: VerifyReport
+
+
+def to_repo_id(name: str) -> tuple[str, str | None]:
+    """(repo id, alias) for an alias or an `org/repo` name."""
+    if (entry := catalog_entry(name)) is not None:
+        return entry.repo_id, entry.alias
+    if is_repo_id(name):
+        return name, alias_for_repo(name)
+    raise ModelNotFound(
+        f"'{name}' is neither a catalog alias nor a hub repo id (org/name)",
+        hint="see `mlx models catalog` for aliases",
+    )
+
+
+@contextlib.contextmanager
+def hub_errors(repo_id: str, endpoint: str) -> Iterator[None]:
+    """Turn huggingface_hub/httpx failures into the product's typed errors."""
+    offline_hint = "check the network (or HF_ENDPOINT); models already pulled keep working"
+    try:
+        yield
+    except GatedRepoError as e:
+        raise ModelNotFound(
+            f"'{repo_id}' is gated on the hub",
+            hint="accept its terms on the hub page and set HF_TOKEN",
+        ) from e
+    except RepositoryNotFoundError as e:
+        raise ModelNotFound(
+            f"no model '{repo_id}' on the hub ({endpoint})",
+            hint="check the spelling; private repos need HF_TOKEN",
+        ) from e
+    except RevisionNotFoundError as e:
+        raise ModelNotFound(f"'{repo_id}' has no such revision", hint="check --revision") from e
+    except (OfflineModeIsEnabled, LocalEntryNotFoundError) as e:
+        message = f"cannot reach the hub at {endpoint} (offline)"
+        raise NetworkError(message, hint=offline_hint) from e
+    except httpx2.TransportError as e:
+        raise NetworkError(
+            f"cannot reach the hub at {endpoint}: {type(e).__name__}",
+            hint=offline_hint + "; run the same pull again to resume",
+        ) from e
+    except HfHubHTTPError as e:
+        status = e.response.status_code if e.response is not None else "?"
+        raise NetworkError(
+            f"the hub answered HTTP {status} for '{repo_id}'",
+            hint="try again later; run the same pull again to resume",
+        ) from e
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _fetch_json(repo_id: str, filename: str, commit: str, endpoint: str) -> dict[str, Any]:
+    """A small JSON file's content, read without touching the cache (planning has no effects)."""
+    url = hf_hub_url(repo_id, filename, revision=commit, endpoint=endpoint)
+    headers = build_hf_headers(library_name=LIBRARY, library_version=__version__)
+    response = get_session().get(url, headers=headers, timeout=30)
+    hf_raise_for_status(response)
+    data = response.json()
+    return data if isinstance(data, dict) else {}
+
+
+def plan_pull(
+    name: str,
+    *,
+    revision: str | None = None,
+    endpoint: str | None = None,
+    total_memory: int | None = None,
+) -> PullPlan:
+    """Ask the hub about `name` and decide what to fetch; downloads nothing.
+
+    Raises:
+        ModelNotFound: no such repo or revision on the hub.
+        NetworkError: the hub cannot be reached.
+    """
+    repo_id, alias = to_repo_id(name)
+    base = endpoint or hub_endpoint()
+    if _offline():
+        raise NetworkError("HF_HUB_OFFLINE is set: pulling needs the hub", hint="unset it")
+    with hub_errors(repo_id, base):
+        info = HfApi(endpoint=base, library_name=LIBRARY, library_version=__version__).model_info(
+            repo_id, revision=revision, files_metadata=True
+        )
+        if info.sha is None:
+            raise NetworkError(f"the hub at {base} sent no commit for '{repo_id}'")
+        siblings = info.siblings or []
+        check = check_repo_files(s.rfilename for s in siblings)
+        config = (
+            _fetch_json(repo_id, "config.json", info.sha, base)
+            if "config.json" in check.files
+            else {}
+        )
+    problems = list(check.problems)
+    if config and mlx_lm_model_module(config) is None:
+        problems.append(f"unsupported architecture '{config.get('model_type')}' (not in mlx-lm)")
+    by_name = {s.rfilename: s for s in siblings}
+    files = []
+    for fname in check.files:
+        s = by_name[fname]
+        sha256 = s.lfs.sha256 if s.lfs is not None else None
+        etag = sha256 or s.blob_id
+        if etag is None or s.size is None:
+            raise NetworkError(f"the hub sent no size/hash for {fname} in '{repo_id}'")
+        files.append(RemoteFile(fname, int(s.size), etag, sha256, s.blob_id))
+    weights = sum(f.size for f in files if f.name.endswith(".safetensors"))
+    return PullPlan(
+        repo_id=repo_id,
+        alias=alias,
+        revision=revision or "main",
+        commit=info.sha,
+        files=tuple(files),
+        skipped=tuple(sorted(set(by_name) - set(check.files))),
+        problems=tuple(problems),
+        fit=memory_fit(weights, total_memory),
+        config=config,
+    )
+
+
+def _git_blob_sha1(path: Path) -> str:
+    digest = hashlib.sha1(f"blob {path.stat().st_size}\0".encode(), usedforsecurity=False)
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def checksum_ok(path: Path, remote: RemoteFile) -> bool:
+    """True when `path` holds exactly the bytes the hub described."""
+    if remote.sha256 is not None:
+        return _sha256(path) == remote.sha256
+    if remote.blob_id is not None:
+        return _git_blob_sha1(path) == remote.blob_id
+    return path.stat().st_size == remote.size
+
+
+def _partial(blob: Path) -> Path:
+    # huggingface_hub names its own temporaries `<etag>.<random>.incomplete`; this fixed name is
+    # ours, so the next pull finds it. scan_cache_dir reports both as incomplete files.
+    return blob.with_name(blob.name + ".incomplete")
+
+
+def _bytes_present(storage: Path, f: RemoteFile) -> int:
+    blob = storage / "blobs" / f.etag
+    if blob.is_file():
+        return f.size
+    partial = _partial(blob)
+    return min(partial.stat().st_size, f.size) if partial.is_file() else 0
+
+
+def _stream_into(url: str, out: BinaryIO, resume: int, sink: PullProgress) -> None:
+    """GET `url` from byte `resume` on, appending to `out` as bytes arrive.
+
+    Bytes are written as the socket yields them (no large read buffer), so a dropped connection
+    loses nothing already received.
+    """
+    headers = build_hf_headers(library_name=LIBRARY, library_version=__version__)
+    headers["Accept-Encoding"] = "identity"  # sizes and ranges must count the file's own bytes
+    if resume:
+        headers["Range"] = f"bytes={resume}-"
+    timeout = httpx2.Timeout(constants.HF_HUB_DOWNLOAD_TIMEOUT, connect=10.0)
+    with get_session().stream("GET", url, headers=headers, timeout=timeout) as response:
+        hf_raise_for_status(response)
+        if resume and response.status_code == 200:  # the server ignored the range: start over
+            out.seek(0)
+            out.truncate()
+            sink.advance(-resume)
+        for chunk in response.iter_raw():
+            out.write(chunk)
+            sink.advance(len(chunk))
+
+
+def _download(
+    plan: PullPlan,
+    f: RemoteFile,
+    storage: Path,
+    endpoint: str,
+    sink: PullProgress,
+    retries: int,
+) -> None:
+    blob = storage / "blobs" / f.etag
+    if blob.is_file():
+        return
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    partial = _partial(blob)
+    sink.file(f.name, f.size)
+    url = hf_hub_url(plan.repo_id, f.name, revision=plan.commit, endpoint=endpoint)
+    # The same lock huggingface_hub takes for this blob: two pulls never append to one file.
+    lock = storage.parent / ".locks" / storage.name / f"{f.etag}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with WeakFileLock(lock):
+        if blob.is_file():  # another pull finished it while we waited
+            return
+        _download_locked(f, url, partial, sink, retries)
+        os.replace(partial, blob)
+
+
+def _download_locked(
+    f: RemoteFile, url: str, partial: Path, sink: PullProgress, retries: int
+) -> None:
+    if partial.is_file() and partial.stat().st_size > f.size:  # not a prefix of this file
+        partial.unlink()
+    with partial.open("r+b" if partial.is_file() else "wb") as out:
+        for attempt in range(retries + 1):
+            out.seek(0, os.SEEK_END)
+            if out.tell() >= f.size:
+                break
+            try:
+                _stream_into(url, out, out.tell(), sink)
+            except httpx2.TransportError:
+                # A dropped connection or a stall: keep what arrived and ask for the rest.
+                if attempt == retries:
+                    raise
+                out.flush()
+                time.sleep(RETRY_BACKOFF_S * 2**attempt)
+    if partial.stat().st_size != f.size or not checksum_ok(partial, f):
+        partial.unlink()
+        raise NetworkError(
+            f"{f.name} arrived corrupted (size or checksum mismatch)",
+            hint="run the same pull again to fetch it anew",
+        )
+
+
+def pull(
+    plan: PullPlan,
+    *,
+    cache_dir: Path | None = None,
+    endpoint: str | None = None,
+    progress: PullProgress | None = None,
+    force: bool = False,
+    retries: int = 3,
+) -> PullResult:
+    """Download what `plan` lists, register it in the cache, and check the model loads.
+
+    Args:
+        plan: from `plan_pull`.
+        cache_dir: the hub cache (default: HF_HUB_CACHE / HF_HOME rules).
+        endpoint: the hub (default: HF_ENDPOINT or huggingface.co).
+        progress: where progress goes (default: nowhere).
+        force: pull even when the plan found problems.
+        retries: reconnections per file after a dropped connection (each resumes).
+
+    Raises:
+        NotAnMlxModel: the plan found problems and `force` is False.
+        NetworkError / ModelNotFound: the hub failed; a rerun resumes where this one stopped.
+    """
+    if plan.problems and not force:
+        raise NotAnMlxModel(
+            f"'{plan.repo_id}' is not a model MLX can load: " + "; ".join(plan.problems),
+            hint="pass --force to download it anyway",
+        )
+    cache = (cache_dir or hub_cache_dir()).expanduser().resolve()
+    base = endpoint or hub_endpoint()
+    storage = cache / repo_folder_name(repo_id=plan.repo_id, repo_type="model")
+    sink = progress or SilentProgress()
+    already = sum(_bytes_present(storage, f) for f in plan.files)
+    sink.begin(plan.total_bytes, already)
+    try:
+        with hub_errors(plan.repo_id, base):
+            for f in plan.files:
+                _download(plan, f, storage, base, sink, retries)
+            snapshot = _register(plan, cache, base)
+    finally:
+        sink.end()
+    return PullResult(snapshot, plan.total_bytes - already, verify_model_dir(snapshot))
+
+
+def _register(plan: PullPlan, cache: Path, endpoint: str) -> Path:
+    """Link every blob into the snapshot and write the ref — the last step of a pull."""
+    path = ""
+    # Weights last: a snapshot is only "complete" (see inventory) once they are linked.
+    for f in sorted(plan.files, key=lambda f: f.name.endswith(".safetensors")):
+        # The blob is present, so huggingface_hub only creates the snapshot link here.
+        path = hf_hub_download(
+            plan.repo_id,
+            f.name,
+            revision=plan.commit,
+            cache_dir=cache,
+            endpoint=endpoint,
+            library_name=LIBRARY,
+            library_version=__version__,
+        )
+    storage = cache / repo_folder_name(repo_id=plan.repo_id, repo_type="model")
+    if plan.revision != plan.commit:
+        ref = storage / "refs" / plan.revision
+        ref.parent.mkdir(parents=True, exist_ok=True)
+        tmp = ref.with_name(ref.name + ".tmp")
+        tmp.write_text(plan.commit, encoding="utf-8")
+        os.replace(tmp, ref)
+    return Path(path).parent if path else storage / "snapshots" / plan.commit

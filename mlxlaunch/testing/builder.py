@@ -1,0 +1,105 @@
+"""Build real mlx-lm model directories offline: qwen3 architecture, random weights.
+
+The output is noise, but loading, templating, tokenizing, caching, batching and streaming run
+the same code as with a downloaded model, and speed depends only on the shapes chosen here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+from mlx_lm.models import qwen3
+
+from mlxlaunch.testing.templates import template_family
+from mlxlaunch.testing.tokenizer import write_tokenizer
+
+CONTEXT_WINDOW = 40960
+# Learned BPE entries (added tokens come on top). 8k keeps Claude Code's ~20k-token system
+# prompt and tools near 13k tokens; 16k gains only ~10% more and the corpus runs out of merges.
+BPE_VOCAB_SIZE = 8192
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The dimensions of one test-model size."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+# Prefill cost grows with layers x width x prompt length squared; keep these cheap.
+MODEL_SIZES: dict[str, ModelShape] = {
+    "tiny": ModelShape(layers=1, hidden=64, heads=2, kv_heads=1, intermediate=128),
+    "small": ModelShape(layers=1, hidden=256, heads=4, kv_heads=2, intermediate=512),
+    "medium": ModelShape(layers=2, hidden=128, heads=4, kv_heads=2, intermediate=256),
+}
+
+
+def model_config(shape: ModelShape, vocab_size: int, eos_token_id: int) -> dict[str, Any]:
+    """The ``config.json`` mlx-lm reads to instantiate a qwen3 model."""
+    return {
+        "model_type": "qwen3",
+        "architectures": ["Qwen3ForCausalLM"],
+        "hidden_size": shape.hidden,
+        "num_hidden_layers": shape.layers,
+        "intermediate_size": shape.intermediate,
+        "num_attention_heads": shape.heads,
+        "num_key_value_heads": shape.kv_heads,
+        "head_dim": shape.head_dim,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": vocab_size,
+        "max_position_embeddings": CONTEXT_WINDOW,
+        "rope_theta": 1_000_000.0,
+        "tie_word_embeddings": True,
+        "eos_token_id": eos_token_id,
+        "bos_token_id": None,
+        "torch_dtype": "float32",
+    }
+
+
+def build_model(path: Path, size: str = "tiny", *, template: str = "qwen", seed: int = 0) -> Path:
+    """Write a model directory that ``mlx_lm.load(path)`` loads.
+
+    Args:
+        path: directory to write into (created if missing; existing files are overwritten).
+        size: one of :data:`MODEL_SIZES` (``"tiny"``, ``"small"``, ``"medium"``).
+        template: chat-template family from ``mlxlaunch.testing.templates``.
+        seed: seed for the random weights.
+
+    Returns:
+        ``path``.
+    """
+    try:
+        shape = MODEL_SIZES[size]
+    except KeyError:
+        raise ValueError(
+            f"unknown test model size {size!r} (known: {sorted(MODEL_SIZES)})"
+        ) from None
+    family = template_family(template)
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+
+    tokenizer = write_tokenizer(path, family, BPE_VOCAB_SIZE, CONTEXT_WINDOW)
+    eos_token_id = tokenizer.token_to_id(family.eos_token)
+    if eos_token_id is None:  # the family's added tokens must include its EOS
+        raise ValueError(f"template {template!r}: EOS token {family.eos_token!r} not in vocabulary")
+    config = model_config(shape, tokenizer.get_vocab_size(), eos_token_id)
+
+    mx.random.seed(seed)
+    model = qwen3.Model(qwen3.ModelArgs.from_dict(config))
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    return path

@@ -1,0 +1,124 @@
+"""Built-once test models, cached per machine (also what ``--model demo`` serves).
+
+A model lives in ``<home>/test-models/<name>-<builder hash>``: the hash covers the builder's
+own source, templates and training text, so editing any of them builds a fresh model instead
+of serving a stale one. Builds go to a temporary directory renamed into place, under a file
+lock, so concurrent test processes build each model once and never see half a directory.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import platformdirs
+
+HOME_ENV = "MLXLAUNCH_HOME"
+
+DEMO_NOTICE = (
+    "The demo model has random weights: its output is noise. It exists to try the server, "
+    "`mlx launch claude` and the dashboard without a download; pick a real model for real work."
+)
+
+
+@dataclass(frozen=True)
+class ModelRecipe:
+    """How a named cached test model is built."""
+
+    size: str
+    template: str = "qwen"
+    seed: int = 0
+
+
+TEST_MODELS: dict[str, ModelRecipe] = {
+    "tiny": ModelRecipe(size="tiny"),
+    "small": ModelRecipe(size="small"),
+    "medium": ModelRecipe(size="medium"),
+    # Small prefills Claude Code's ~13k-token prompt in seconds on a CPU, so `mlx serve
+    # --model demo` answers quickly while still running realistic shapes.
+    "demo": ModelRecipe(size="small"),
+}
+
+# Files whose content decides what the builder writes.
+_BUILDER_INPUTS = ("builder.py", "tokenizer.py", "templates.py", "cache.py")
+
+
+def is_test_model_name(name: str) -> bool:
+    """True when ``name`` names a model this module builds (``tiny``, ``demo``, ...)."""
+    return name in TEST_MODELS
+
+
+def cached_models_dir() -> Path:
+    """The directory holding cached test models."""
+    home = os.environ.get(HOME_ENV)
+    base = Path(home) if home else Path(platformdirs.user_cache_dir("mlxlaunch"))
+    return base / "test-models"
+
+
+def builder_hash(recipe: ModelRecipe) -> str:
+    """A short hash of everything that shapes the built model."""
+    digest = hashlib.sha256(repr(recipe).encode())
+    # The tokenizer trains on standard-library sources, which differ between Python versions.
+    digest.update(f"py{sys.version_info.major}.{sys.version_info.minor}".encode())
+    package = resources.files(__package__)
+    inputs = [package.joinpath(name) for name in _BUILDER_INPUTS]
+    inputs += sorted(package.joinpath("templates").iterdir(), key=lambda p: p.name)
+    inputs += sorted(package.joinpath("data").iterdir(), key=lambda p: p.name)
+    for item in inputs:
+        if item.is_file():
+            digest.update(item.name.encode())
+            digest.update(item.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def ensure_test_model(name: str) -> Path:
+    """Return the directory of the named test model, building it first if needed.
+
+    Safe to call from several processes at once: one builds, the others wait and reuse it.
+
+    Raises:
+        ValueError: ``name`` is not a test model name.
+    """
+    try:
+        recipe = TEST_MODELS[name]
+    except KeyError:
+        raise ValueError(f"unknown test model {name!r} (known: {sorted(TEST_MODELS)})") from None
+    root = cached_models_dir()
+    target = root / f"{name}-{builder_hash(recipe)}"
+    if _is_complete(target):
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not _is_complete(target):  # another process may have built it meanwhile
+                _build_atomically(recipe, target)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return target
+
+
+def _is_complete(directory: Path) -> bool:
+    # The rename is the last step, so a directory with a config is a finished build.
+    return (directory / "config.json").is_file()
+
+
+def _build_atomically(recipe: ModelRecipe, target: Path) -> None:
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        from mlxlaunch.testing.builder import build_model  # mlx: only when building
+
+        build_model(staging, recipe.size, template=recipe.template, seed=recipe.seed)
+        if target.exists():  # a leftover without config.json: an interrupted old layout
+            shutil.rmtree(target)
+        os.rename(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

@@ -1,0 +1,94 @@
+"""Chat-template families for offline test models.
+
+Each family pairs a Jinja chat template with the added tokens its syntax needs, so a test
+model speaks one real tool-call dialect that mlx-lm recognises (it infers the tool parser
+from the template text). Add a family by dropping a ``<name>.jinja`` file next to this
+module and registering a :class:`TemplateFamily` in :data:`TEMPLATE_FAMILIES`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+# Control tokens: special (skipped by ``decode(skip_special_tokens=True)``), as in Qwen3.
+QWEN_CONTROL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+# Markup tokens: single ids that survive decoding, as in Qwen3's tokenizer.
+QWEN_MARKUP_TOKENS = (
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+)
+
+
+@dataclass(frozen=True)
+class TemplateFamily:
+    """One chat-template dialect: template text plus the tokens it needs.
+
+    Attributes:
+        name: registry key, passed as ``build_model(..., template=name)``.
+        template_file: Jinja file in ``mlxlaunch/testing/templates/``.
+        control_tokens: added tokens marked special (end of turn, role markers).
+        markup_tokens: added tokens kept in decoded text (thinking and tool-call tags).
+        eos_token: the token that ends an assistant turn.
+        pad_token: padding token for the tokenizer config.
+        tool_parser: the mlx-lm tool parser this template should make mlx-lm infer.
+    """
+
+    name: str
+    template_file: str
+    control_tokens: tuple[str, ...]
+    markup_tokens: tuple[str, ...]
+    eos_token: str
+    pad_token: str
+    tool_parser: str
+
+    @property
+    def added_tokens(self) -> tuple[str, ...]:
+        """All added tokens, control tokens first (their ids follow the BPE vocabulary)."""
+        return self.control_tokens + self.markup_tokens
+
+    def chat_template(self) -> str:
+        """The Jinja template text."""
+        return _read_template(self.template_file)
+
+
+@cache
+def _read_template(file_name: str) -> str:
+    return resources.files(__package__).joinpath("templates", file_name).read_text("utf-8")
+
+
+TEMPLATE_FAMILIES: dict[str, TemplateFamily] = {
+    "qwen": TemplateFamily(
+        name="qwen",
+        template_file="qwen.jinja",
+        control_tokens=QWEN_CONTROL_TOKENS,
+        markup_tokens=QWEN_MARKUP_TOKENS,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        tool_parser="json_tools",
+    ),
+    # Same turns and tokens as "qwen"; tool calls as <function=...> and <parameter=...> lines.
+    "qwen3_coder": TemplateFamily(
+        name="qwen3_coder",
+        template_file="qwen3_coder.jinja",
+        control_tokens=QWEN_CONTROL_TOKENS,
+        markup_tokens=QWEN_MARKUP_TOKENS,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        tool_parser="qwen3_coder",
+    ),
+}
+
+
+def template_family(name: str) -> TemplateFamily:
+    """Look up a template family by name; raises ``KeyError`` listing the known names."""
+    try:
+        return TEMPLATE_FAMILIES[name]
+    except KeyError:
+        known = ", ".join(sorted(TEMPLATE_FAMILIES))
+        raise KeyError(f"unknown chat template family {name!r} (known: {known})") from None

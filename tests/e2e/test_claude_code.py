@@ -1,0 +1,89 @@
+"""End to end: the real Claude Code CLI (pinned) against `mlx launch claude` and a test model.
+
+The model has random weights, so its replies are scripted at the model boundary through the
+launcher's test-only hook (`MLXLAUNCH_TEST_SCRIPT`): tokens are forced, while the tokenizer,
+template, output parsers, server and Claude Code itself all run for real. The test model
+thinks by default (Claude Code asks for adaptive thinking), so each reply first closes its
+thinking span.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from e2e.claude_cli import CLAUDE_CODE_VERSION, claude_cache_dir, install_real_claude
+
+pytestmark = pytest.mark.e2e
+
+MLX = [sys.executable, "-c", "from mlxlaunch.cli.main import entry; entry()"]
+REQUEST_LINE = re.compile(r"mlxlaunch\.server: msg_\w+ .* status=200")
+
+
+@pytest.fixture(scope="session")
+def real_claude() -> Path:
+    """The pinned Claude Code, installed once per machine with npm."""
+    binary = install_real_claude(claude_cache_dir())
+    if binary is None:
+        pytest.skip(f"npm is not installed: cannot install Claude Code {CLAUDE_CODE_VERSION}")
+    return binary
+
+
+def _launch(
+    tmp_path: Path, claude: Path, model: Path, outputs: list[str], claude_args: list[str]
+) -> tuple[subprocess.CompletedProcess[str], str]:
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"outputs": outputs}))
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CLAUDE_"))}
+    env.update(
+        HOME=str(tmp_path / "user"),  # Claude Code's own files stay out of the real home
+        CLAUDE_CONFIG_DIR=str(tmp_path / "user" / ".claude"),
+        MLXLAUNCH_HOME=str(tmp_path / "mlx"),
+        MLXLAUNCH_CONFIG_DIR=str(tmp_path / "mlx-config"),
+        MLXLAUNCH_TEST_SCRIPT=str(script),
+    )
+    done = subprocess.run(
+        [*MLX, "launch", "claude", "--model", str(model), "--claude-bin", str(claude),
+         "--env", "CLAUDE_CODE_MAX_OUTPUT_TOKENS=64", "--", *claude_args],
+        cwd=work, env=env, capture_output=True, text=True, timeout=240,
+        stdin=subprocess.DEVNULL, check=False,
+    )
+    logs = list((tmp_path / "mlx" / "logs").glob("launch-*.log"))
+    assert len(logs) == 1, done.stderr
+    return done, logs[0].read_text()
+
+
+def test_print_mode_answer_comes_from_our_server(
+    tmp_path: Path, real_claude: Path, small_model_dir: Path
+) -> None:
+    reply = "Hello from the local model."
+    done, log = _launch(tmp_path, real_claude, small_model_dir,
+                        [f"</think>\n\n{reply}"] * 3, ["-p", "hello"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert reply in done.stdout
+    assert REQUEST_LINE.search(log), log
+
+
+def test_tool_call_runs_and_its_result_goes_back(
+    tmp_path: Path, real_claude: Path, small_model_dir: Path
+) -> None:
+    call = {"name": "Bash", "arguments": {"command": "echo made-by-tool > made.txt",
+                                          "description": "Write a file"}}
+    tool_turn = f"</think>\n\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
+    final = "The file is written."
+    done, log = _launch(tmp_path, real_claude, small_model_dir,
+                        [tool_turn] + [f"</think>\n\n{final}"] * 2,
+                        ["-p", "write the file", "--allowedTools", "Bash"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (tmp_path / "work" / "made.txt").read_text().strip() == "made-by-tool"
+    # Claude Code asks again only to hand back the tool result; the reply to that is printed.
+    assert final in done.stdout
+    prompts = [int(n) for n in re.findall(r"msg_\w+ .* prompt=(\d+) .* status=200", log)]
+    assert len(prompts) >= 2 and prompts[1] > prompts[0], log  # the tool turn came back

@@ -1,0 +1,75 @@
+"""State files that let `mlx dash`, `mlx doctor` and the store find a running server."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlxlaunch.launch import state
+
+
+def _state(pid: int, started_at: float = 1.0) -> state.RunState:
+    return state.RunState(pid=pid, url="http://127.0.0.1:1234", token="tok", model="demo",
+                          model_path="/m", log_file="/l.log", kind="launch",
+                          started_at=started_at)
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_written_file_has_the_shared_format_and_private_modes(tmp_path: Path) -> None:
+    path = state.write_state(_state(os.getpid()), tmp_path)
+    assert path == tmp_path / "run" / f"{os.getpid()}.json"
+    data = json.loads(path.read_text())
+    assert data == {"pid": os.getpid(), "url": "http://127.0.0.1:1234", "token": "tok",
+                    "model": "demo", "model_path": "/m", "started_at": 1.0,
+                    "log_file": "/l.log", "kind": "launch"}
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+
+
+def test_home_follows_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MLXLAUNCH_HOME", str(tmp_path / "h"))
+    assert state.run_dir() == tmp_path / "h" / "run"
+
+
+def test_live_servers_are_listed_newest_first(tmp_path: Path) -> None:
+    # Our own pid and our parent's are both alive.
+    state.write_state(_state(os.getpid(), started_at=1.0), tmp_path)
+    state.write_state(_state(os.getppid(), started_at=2.0), tmp_path)
+    assert [s.pid for s in state.running_servers(tmp_path)] == [os.getppid(), os.getpid()]
+
+
+def test_stale_and_malformed_files_are_detected_and_pruned(tmp_path: Path) -> None:
+    dead = _dead_pid()
+    stale_path = state.write_state(_state(dead), tmp_path)
+    bad = tmp_path / "run" / "999999.json"
+    bad.write_text("{not json")
+    assert state.is_stale(_state(dead))
+    assert state.running_servers(tmp_path, prune=False) == []
+    assert stale_path.exists()
+    assert state.running_servers(tmp_path) == []
+    assert not stale_path.exists() and not bad.exists()
+
+
+def test_remove_is_idempotent(tmp_path: Path) -> None:
+    state.write_state(_state(os.getpid()), tmp_path)
+    state.remove_state(os.getpid(), tmp_path)
+    state.remove_state(os.getpid(), tmp_path)
+    assert state.running_servers(tmp_path) == []
+
+
+def test_from_json_rejects_wrong_kind() -> None:
+    data = json.loads(json.dumps(_state(1).__dict__))
+    data["kind"] = "other"
+    with pytest.raises(ValueError):
+        state.RunState.from_json(data)

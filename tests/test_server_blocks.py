@@ -1,0 +1,181 @@
+"""The content-block state machine, without a server: the stream it emits is re-parsed and
+checked against the grammar, and must say what the non-streaming message says."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from anthropic.lib.streaming._messages import accumulate_event
+from anthropic.types import RawMessageStreamEvent
+
+from mlxlaunch.engine.types import (
+    Admitted,
+    Done,
+    EngineEvent,
+    Progress,
+    StopReason,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallEvent,
+    Usage,
+)
+from mlxlaunch.protocol.grammar import check_stream
+from mlxlaunch.protocol.sse import encode_event, parse_frames
+from mlxlaunch.server.blocks import ContentBlockStream, anthropic_stop_reason
+
+
+def _run(events: list[EngineEvent], *, show_thinking: bool = True) -> tuple[bytes, dict[str, Any]]:
+    """Feed `events`; return the SSE bytes and the non-streaming message (as JSON)."""
+    blocks = ContentBlockStream(
+        message_id="msg_test", model="any-model", show_thinking=show_thinking
+    )
+    sse = b"".join(encode_event(e) for event in events for e in blocks.feed(event))
+    assert blocks.finished
+    return sse, blocks.message.model_dump(mode="json")
+
+
+def _sdk_message(sse: bytes) -> dict[str, Any]:
+    """What the official SDK's stream accumulator builds from the bytes."""
+    snapshot = None
+    json_bufs: dict[int, bytes] = {}
+    for sse_frame in parse_frames(sse.decode()):
+        event: RawMessageStreamEvent = sse_frame.json()  # type: ignore[assignment]
+        snapshot = accumulate_event(event=event, current_snapshot=snapshot, json_bufs=json_bufs)
+    assert snapshot is not None
+    return snapshot.to_dict(mode="json")  # type: ignore[no-any-return]
+
+
+def _done(reason: StopReason = "end_turn", output: int = 7, seq: str | None = None) -> Done:
+    return Done(stop_reason=reason, usage=Usage(100, 60, output), stop_sequence=seq)
+
+
+MIXED: list[EngineEvent] = [
+    Admitted("r", prompt_tokens=100, cached_tokens=60, max_tokens=50),
+    Progress(20, 40),
+    ThinkingDelta("let me "),
+    ThinkingDelta("think"),
+    TextDelta("Hello"),
+    TextDelta(""),
+    TextDelta(", world"),
+    ToolCallEvent(id="toolu_a", name="Bash", arguments='{"command": "ls -la", "n": [1, 2]}'),
+    ToolCallEvent(id="toolu_b", name="Read", arguments='{"path": "ü.txt"}'),
+    _done("tool_use"),
+]
+
+
+def test_stream_and_message_say_the_same() -> None:
+    sse, message = _run(MIXED)
+    summary = check_stream(parse_frames(sse.decode()))
+    assert summary.blocks == message["content"]
+    assert [b["type"] for b in message["content"]] == ["thinking", "text", "tool_use", "tool_use"]
+    assert message["content"][0]["thinking"] == "let me think"
+    assert message["content"][0]["signature"]
+    assert message["content"][1]["text"] == "Hello, world"
+    assert message["content"][2]["input"] == {"command": "ls -la", "n": [1, 2]}
+    assert message["content"][3] == {
+        "type": "tool_use",
+        "id": "toolu_b",
+        "name": "Read",
+        "input": {"path": "ü.txt"},
+    }
+    assert message["stop_reason"] == "tool_use"
+    assert message["usage"] == {
+        "input_tokens": 40,
+        "output_tokens": 7,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 60,
+    }
+    sdk = _sdk_message(sse)
+    assert sdk["content"] == message["content"]
+    assert sdk["usage"]["input_tokens"] == 40 and sdk["usage"]["cache_read_input_tokens"] == 60
+    assert sdk["stop_reason"] == "tool_use" and sdk["model"] == "any-model"
+
+
+def test_message_start_carries_prompt_usage() -> None:
+    sse, _ = _run(MIXED)
+    first = parse_frames(sse.decode())[0].json()
+    assert first["type"] == "message_start"
+    assert first["message"]["content"] == []
+    assert first["message"]["usage"]["input_tokens"] == 40
+    assert first["message"]["usage"]["cache_read_input_tokens"] == 60
+
+
+def test_omitted_thinking_sends_only_block_and_signature() -> None:
+    sse, message = _run(MIXED, show_thinking=False)
+    assert b"thinking_delta" not in sse
+    assert b"let me" not in sse
+    assert message["content"][0]["thinking"] == ""
+    assert message["content"][0]["signature"]
+    deltas = [
+        f.json()["delta"]["type"]
+        for f in parse_frames(sse.decode())
+        if f.event == "content_block_delta"
+    ]
+    assert deltas.count("signature_delta") == 1
+
+
+def test_thinking_after_text_is_a_new_block() -> None:
+    events: list[EngineEvent] = [
+        TextDelta("a"),
+        ThinkingDelta("b"),
+        TextDelta("c"),
+        _done(),
+    ]
+    sse, message = _run(events)
+    summary = check_stream(parse_frames(sse.decode()))
+    assert [b["type"] for b in summary.blocks] == ["text", "thinking", "text"]
+    assert summary.blocks == message["content"]
+
+
+def test_empty_reply() -> None:
+    sse, message = _run([Admitted("r", 5, 0, 5), _done(output=0)])
+    summary = check_stream(parse_frames(sse.decode()))
+    assert summary.blocks == [] == message["content"]
+    assert summary.stop_reason == "end_turn"
+
+
+@pytest.mark.parametrize(
+    ("engine", "wire"),
+    [
+        ("end_turn", "end_turn"),
+        ("max_tokens", "max_tokens"),
+        ("stop_sequence", "stop_sequence"),
+        ("tool_use", "tool_use"),
+        ("context_window", "model_context_window_exceeded"),
+    ],
+)
+def test_stop_reasons(engine: StopReason, wire: str) -> None:
+    assert anthropic_stop_reason(engine) == wire
+    seq = "END" if engine == "stop_sequence" else None
+    _, message = _run([TextDelta("x"), _done(engine, seq=seq)])
+    assert message["stop_reason"] == wire
+    assert message["stop_sequence"] == seq
+
+
+def test_bad_tool_arguments_never_reach_the_client_as_bad_json() -> None:
+    sse, message = _run([ToolCallEvent(id="", name="T", arguments="{not json"), _done("tool_use")])
+    check_stream(parse_frames(sse.decode()))
+    block = message["content"][0]
+    assert block["input"] == {} and block["id"].startswith("toolu_")
+
+
+def test_input_json_pieces_concatenate_to_the_arguments() -> None:
+    args = {"command": "echo 'hi' > \"f\"", "nested": {"a": [1, None, True]}}
+    sse, _ = _run(
+        [ToolCallEvent(id="t", name="Bash", arguments=json.dumps(args)), _done("tool_use")]
+    )
+    pieces = [
+        f.json()["delta"]["partial_json"]
+        for f in parse_frames(sse.decode())
+        if f.event == "content_block_delta"
+    ]
+    assert json.loads("".join(pieces)) == args
+
+
+def test_event_after_done_is_a_bug() -> None:
+    blocks = ContentBlockStream(message_id="m", model="x")
+    blocks.feed(_done())
+    with pytest.raises(RuntimeError):
+        blocks.feed(TextDelta("late"))

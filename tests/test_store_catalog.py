@@ -1,0 +1,65 @@
+"""The alias catalog and `recommend` for injected memory sizes."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from mlxlaunch.store import CATALOG, alias_for_repo, catalog_entry, recommend
+from mlxlaunch.store.catalog import CatalogEntry
+from mlxlaunch.store.memory import GIB, memory_fit, memory_needed
+
+REPO_SHAPE = re.compile(r"^mlx-community/[A-Za-z0-9][A-Za-z0-9._-]+$")
+
+
+def test_catalog_entries_are_valid() -> None:
+    aliases = [e.alias for e in CATALOG]
+    assert len(aliases) == len(set(aliases))
+    assert len({e.repo_id for e in CATALOG}) == len(CATALOG)
+    for e in CATALOG:
+        assert re.fullmatch(r"[a-z0-9][a-z0-9.-]*", e.alias), e.alias
+        assert "/" not in e.alias  # an alias must never be mistaken for a repo id
+        assert REPO_SHAPE.match(e.repo_id), e.repo_id
+        assert f"{e.bits}bit" in e.repo_id, e  # the repo name states its quantisation
+        assert e.kind in ("coder", "general")
+        assert 0.5e9 < e.size_bytes < 200e9
+        assert e.context_window >= 32_768  # Claude Code's prompt alone is ~20k tokens
+        assert e.memory_bytes > e.size_bytes
+        assert catalog_entry(e.alias.upper()) == e
+        assert alias_for_repo(e.repo_id.lower()) == e.alias
+
+
+def test_app_help_alias_exists() -> None:
+    assert catalog_entry("qwen-coder-7b") is not None  # used in `mlx --help` examples
+
+
+@pytest.mark.parametrize("gib", [4, 8, 16, 24, 32, 48, 64, 128, 512])
+def test_recommend_picks_the_best_entry_that_fits(gib: int) -> None:
+    total = gib * GIB
+    pick = recommend(total)
+    fitting = [e for e in CATALOG if memory_fit(e.size_bytes, total).fits]
+    assert pick is not None and pick in fitting
+    assert pick.rank == max(e.rank for e in fitting)
+
+
+def test_recommend_known_machines() -> None:
+    assert recommend(1 * GIB) is None
+    assert recommend(4 * GIB) == catalog_entry("qwen-coder-1.5b")
+    assert recommend(8 * GIB) == catalog_entry("qwen3-4b")
+    assert recommend(32 * GIB) == catalog_entry("qwen3-coder-30b")
+    assert recommend(64 * GIB) == catalog_entry("qwen3-coder-30b-8bit")
+    assert recommend(32 * GIB, kind="general") == catalog_entry("qwen3-30b")
+
+
+def test_recommend_breaks_rank_ties_by_context() -> None:
+    short = CatalogEntry("a", "mlx-community/A-4bit", "coder", "7B", 4, 10**9, 32_768, 50)
+    long = CatalogEntry("b", "mlx-community/B-4bit", "coder", "7B", 4, 10**9, 131_072, 50)
+    assert recommend(64 * GIB, entries=[short, long]) == long
+
+
+def test_memory_estimate_grows_with_weights() -> None:
+    assert memory_needed(0) > 0
+    assert memory_needed(10 * GIB) > 10 * GIB
+    assert not memory_fit(100 * GIB, 64 * GIB).fits
+    assert memory_fit(100 * GIB, 0).fits  # unknown machine: do not block
