@@ -117,9 +117,7 @@ def _read_raw(path: Path) -> dict[str, Any]:
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(
-            f"{path} is not valid TOML: {exc}", hint=f"fix or delete {path}"
-        ) from exc
+        raise ConfigError(f"{path} is not valid TOML: {exc}", hint=f"fix or delete {path}") from exc
 
 
 def load_config(env: Mapping[str, str] | None = None) -> UserConfig:

@@ -48,8 +48,16 @@ def test_unset_removes_only_that_key(env: dict[str, str]) -> None:
     assert loaded.get("small-model") == "b"
 
 
-@pytest.mark.parametrize(("key", "value"), [("port", "0"), ("port", "70000"), ("port", "x"),
-                                            ("context-length", "-5"), ("default-model", "  ")])
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("port", "0"),
+        ("port", "70000"),
+        ("port", "x"),
+        ("context-length", "-5"),
+        ("default-model", "  "),
+    ],
+)
 def test_bad_values_are_refused(env: dict[str, str], key: str, value: str) -> None:
     with pytest.raises(ConfigError, match=key):
         config.set_value(key, value, env)
@@ -84,8 +92,9 @@ def test_config_dir_defaults_to_platform_dir() -> None:
     assert config.config_dir({}).name == "mlxlaunch"
 
 
-def test_config_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_config_commands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from mlxlaunch.cli.main import main
 
     monkeypatch.setenv(config.CONFIG_DIR_ENV, str(tmp_path / "cfg"))

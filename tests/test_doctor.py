@@ -16,10 +16,17 @@ from mlxlaunch.store.catalog import recommend
 from mlxlaunch.store.memory import GIB
 
 HEALTHY = DoctorFacts(
-    system="Darwin", machine="arm64", mlx_version="0.32.4", device="gpu", backend_error=None,
-    total_memory=64 * GIB, claude_path="/usr/local/bin/claude",
+    system="Darwin",
+    machine="arm64",
+    mlx_version="0.32.4",
+    device="gpu",
+    backend_error=None,
+    total_memory=64 * GIB,
+    claude_path="/usr/local/bin/claude",
     claude_version="2.1.332 (Claude Code)",
-    models=(ModelFact("qwen3-8b", 5 * GIB),), models_dir="/hub", free_disk=500 * GIB,
+    models=(ModelFact("qwen3-8b", 5 * GIB),),
+    models_dir="/hub",
+    free_disk=500 * GIB,
 )
 
 
@@ -49,8 +56,11 @@ def test_no_claude_fails_with_the_install_command() -> None:
 
 
 def test_low_memory_warns_and_big_models_do_not_fit() -> None:
-    facts = replace(HEALTHY, total_memory=8 * GIB,
-                    models=(ModelFact("qwen3-30b", 17 * GIB), ModelFact("qwen3-4b", 2 * GIB)))
+    facts = replace(
+        HEALTHY,
+        total_memory=8 * GIB,
+        models=(ModelFact("qwen3-30b", 17 * GIB), ModelFact("qwen3-4b", 2 * GIB)),
+    )
     checks = _by_name(run_checks(facts))
     assert checks["memory"].status == "warn"
     small = recommend(8 * GIB)
@@ -75,8 +85,14 @@ def test_no_models_suggests_the_recommended_pull() -> None:
 
 
 def test_broken_model_and_cpu_backend_and_small_disk() -> None:
-    facts = replace(HEALTHY, system="Linux", machine="x86_64", device="cpu", free_disk=GIB,
-                    models=(ModelFact("odd", GIB, ("no tokenizer files",)),))
+    facts = replace(
+        HEALTHY,
+        system="Linux",
+        machine="x86_64",
+        device="cpu",
+        free_disk=GIB,
+        models=(ModelFact("odd", GIB, ("no tokenizer files",)),),
+    )
     checks = _by_name(run_checks(facts))
     assert checks["model odd"].status == "fail"
     assert checks["MLX backend"].status == "warn"
@@ -87,16 +103,28 @@ def test_broken_model_and_cpu_backend_and_small_disk() -> None:
 
 
 def test_missing_mlx_fails_with_the_install_command() -> None:
-    facts = replace(HEALTHY, system="Linux", mlx_version=None, device=None,
-                    backend_error="libmlx.so: cannot open shared object file")
+    facts = replace(
+        HEALTHY,
+        system="Linux",
+        mlx_version=None,
+        device=None,
+        backend_error="libmlx.so: cannot open shared object file",
+    )
     backend = _by_name(run_checks(facts))["MLX backend"]
     assert backend.status == "fail" and "libmlx.so" in backend.detail
     assert backend.fix is not None and "mlx[cpu]" in backend.fix
 
 
 def test_running_server_is_listed() -> None:
-    server = RunState(pid=4242, url="http://127.0.0.1:5555", token="t", model="demo",
-                      model_path="/m", log_file="/l", kind="serve")
+    server = RunState(
+        pid=4242,
+        url="http://127.0.0.1:5555",
+        token="t",
+        model="demo",
+        model_path="/m",
+        log_file="/l",
+        kind="serve",
+    )
     check = _by_name(run_checks(replace(HEALTHY, servers=(server,))))["server"]
     assert check.status == "ok" and "http://127.0.0.1:5555" in check.detail
     assert "t" not in check.detail.split()  # the token is not shown

@@ -62,8 +62,9 @@ def test_environment_is_exactly_what_we_pass(fake: tuple[Path, Path]) -> None:
 
 
 def test_killed_child_gives_128_plus_signal() -> None:
-    code = run_child([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), 9)"],
-                     dict(os.environ))
+    code = run_child(
+        [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), 9)"], dict(os.environ)
+    )
     assert code == 128 + 9
     assert exit_code_of(0) == 0
 
@@ -73,8 +74,9 @@ def test_signals_sent_to_the_launcher_reach_the_child(
     fake: tuple[Path, Path], sig: signal.Signals
 ) -> None:
     claude, report = fake
-    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(claude), "wait-signal"],
-                                env=dict(os.environ))
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", LAUNCHER, str(claude), "wait-signal"], env=dict(os.environ)
+    )
     try:
         _wait_ready(report)
         os.kill(launcher.pid, sig)
@@ -101,8 +103,13 @@ sys.exit(code)
 
 def _launch_on_pty(claude: Path) -> tuple[subprocess.Popen[bytes], int]:
     master, slave = os.openpty()
-    launcher = subprocess.Popen([sys.executable, "-c", TTY_LAUNCHER, str(claude), "wait-signal"],
-                                stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", TTY_LAUNCHER, str(claude), "wait-signal"],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        start_new_session=True,
+    )
     os.close(slave)
     return launcher, master
 

@@ -48,8 +48,15 @@ def _env(world: dict[str, Path], **extra: str) -> dict[str, str]:
 def _mlx(
     args: list[str], env: dict[str, str], timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*MLX, *args], env=env, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL, check=False)
+    return subprocess.run(
+        [*MLX, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
 
 
 def _report(world: dict[str, Path]) -> dict:
@@ -70,11 +77,28 @@ def _port_is_free(url: str) -> bool:
 def test_environment_wiring_exit_code_and_cleanup(
     world: dict[str, Path], tiny_model_dir: Path
 ) -> None:
-    env = _env(world, ANTHROPIC_API_KEY="sk-users-own", CLAUDE_CODE_USE_BEDROCK="1",
-               MY_OWN_SETTING="kept")
-    done = _mlx(["launch", "claude", "--claude-bin", str(world["claude"]),
-                 "--model", str(tiny_model_dir), "--env", "EXTRA_ONE=1", "--verbose",
-                 "--", "exit", "3", "--some-flag", "two words"], env)
+    env = _env(
+        world, ANTHROPIC_API_KEY="sk-users-own", CLAUDE_CODE_USE_BEDROCK="1", MY_OWN_SETTING="kept"
+    )
+    done = _mlx(
+        [
+            "launch",
+            "claude",
+            "--claude-bin",
+            str(world["claude"]),
+            "--model",
+            str(tiny_model_dir),
+            "--env",
+            "EXTRA_ONE=1",
+            "--verbose",
+            "--",
+            "exit",
+            "3",
+            "--some-flag",
+            "two words",
+        ],
+        env,
+    )
     assert done.returncode == 3, done.stderr
     seen = _report(world)
     child = seen["env"]
@@ -82,21 +106,40 @@ def test_environment_wiring_exit_code_and_cleanup(
     assert urlparse(url).hostname == "127.0.0.1" and urlparse(url).path == ""
     assert len(child["ANTHROPIC_AUTH_TOKEN"]) >= 32
     model_id = tiny_model_dir.name
-    assert {k: child[k] for k in (
-        "ANTHROPIC_API_KEY", "ANTHROPIC_MODEL", "ANTHROPIC_DEFAULT_OPUS_MODEL",
-        "ANTHROPIC_DEFAULT_SONNET_MODEL", "ANTHROPIC_DEFAULT_HAIKU_MODEL",
-        "CLAUDE_CODE_SUBAGENT_MODEL", "CLAUDE_CODE_MAX_CONTEXT_TOKENS",
-        "CLAUDE_CODE_MAX_OUTPUT_TOKENS", "API_TIMEOUT_MS", "CLAUDE_CODE_ATTRIBUTION_HEADER",
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "DISABLE_TELEMETRY", "EXTRA_ONE",
-        "MY_OWN_SETTING")} == {
-        "ANTHROPIC_API_KEY": "", "ANTHROPIC_MODEL": model_id,
-        "ANTHROPIC_DEFAULT_OPUS_MODEL": model_id, "ANTHROPIC_DEFAULT_SONNET_MODEL": model_id,
-        "ANTHROPIC_DEFAULT_HAIKU_MODEL": model_id, "CLAUDE_CODE_SUBAGENT_MODEL": model_id,
+    assert {
+        k: child[k]
+        for k in (
+            "ANTHROPIC_API_KEY",
+            "ANTHROPIC_MODEL",
+            "ANTHROPIC_DEFAULT_OPUS_MODEL",
+            "ANTHROPIC_DEFAULT_SONNET_MODEL",
+            "ANTHROPIC_DEFAULT_HAIKU_MODEL",
+            "CLAUDE_CODE_SUBAGENT_MODEL",
+            "CLAUDE_CODE_MAX_CONTEXT_TOKENS",
+            "CLAUDE_CODE_MAX_OUTPUT_TOKENS",
+            "API_TIMEOUT_MS",
+            "CLAUDE_CODE_ATTRIBUTION_HEADER",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC",
+            "DISABLE_TELEMETRY",
+            "EXTRA_ONE",
+            "MY_OWN_SETTING",
+        )
+    } == {
+        "ANTHROPIC_API_KEY": "",
+        "ANTHROPIC_MODEL": model_id,
+        "ANTHROPIC_DEFAULT_OPUS_MODEL": model_id,
+        "ANTHROPIC_DEFAULT_SONNET_MODEL": model_id,
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL": model_id,
+        "CLAUDE_CODE_SUBAGENT_MODEL": model_id,
         # The test model's config declares 40960 positions; a quarter of it goes to output.
-        "CLAUDE_CODE_MAX_CONTEXT_TOKENS": "40960", "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "10240",
-        "API_TIMEOUT_MS": "3600000", "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1",
-        "EXTRA_ONE": "1", "MY_OWN_SETTING": "kept",
+        "CLAUDE_CODE_MAX_CONTEXT_TOKENS": "40960",
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "10240",
+        "API_TIMEOUT_MS": "3600000",
+        "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_TELEMETRY": "1",
+        "EXTRA_ONE": "1",
+        "MY_OWN_SETTING": "kept",
     }
     assert "CLAUDE_CODE_USE_BEDROCK" not in child
     assert seen["argv"] == ["exit", "3", "--some-flag", "two words"]
@@ -110,8 +153,20 @@ def test_environment_wiring_exit_code_and_cleanup(
 def test_claude_reaches_our_server_and_the_log_shows_the_request(
     world: dict[str, Path], tiny_model_dir: Path
 ) -> None:
-    done = _mlx(["launch", "claude", "--claude-bin", str(world["claude"]), "--preload",
-                 "--model", str(tiny_model_dir), "--", "request"], _env(world))
+    done = _mlx(
+        [
+            "launch",
+            "claude",
+            "--claude-bin",
+            str(world["claude"]),
+            "--preload",
+            "--model",
+            str(tiny_model_dir),
+            "--",
+            "request",
+        ],
+        _env(world),
+    )
     assert done.returncode == 0, done.stderr
     seen = _report(world)
     assert seen["status"] == 200
@@ -128,10 +183,22 @@ def test_sigint_reaches_claude_and_state_file_lives_only_while_running(
     world: dict[str, Path], tiny_model_dir: Path
 ) -> None:
     launcher = subprocess.Popen(
-        [*MLX, "launch", "claude", "--claude-bin", str(world["claude"]),
-         "--model", str(tiny_model_dir), "--", "wait-signal"],
-        env=_env(world), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
+        [
+            *MLX,
+            "launch",
+            "claude",
+            "--claude-bin",
+            str(world["claude"]),
+            "--model",
+            str(tiny_model_dir),
+            "--",
+            "wait-signal",
+        ],
+        env=_env(world),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 60
@@ -200,8 +267,20 @@ def test_print_env_without_a_server_or_with_url_and_token(world: dict[str, Path]
     missing = _mlx(["launch", "claude", "--print-env"], _env(world))
     assert missing.returncode != 0
     assert "no mlx server found" in missing.stderr
-    given = _mlx(["launch", "claude", "--print-env", "--url", "http://127.0.0.1:9",
-                  "--token", "abc", "--context-length", "32768"], _env(world))
+    given = _mlx(
+        [
+            "launch",
+            "claude",
+            "--print-env",
+            "--url",
+            "http://127.0.0.1:9",
+            "--token",
+            "abc",
+            "--context-length",
+            "32768",
+        ],
+        _env(world),
+    )
     assert given.returncode == 0, given.stderr
     lines = given.stdout.splitlines()
     assert "export ANTHROPIC_BASE_URL=http://127.0.0.1:9" in lines

@@ -14,8 +14,12 @@ from mlxlaunch.launch.claude_env import (
     parse_env_pairs,
 )
 
-TARGET = ClaudeTarget(base_url="http://127.0.0.1:4321/", auth_token="secret-token",
-                      model_id="qwen3-8b", context_window=40960)
+TARGET = ClaudeTarget(
+    base_url="http://127.0.0.1:4321/",
+    auth_token="secret-token",
+    model_id="qwen3-8b",
+    context_window=40960,
+)
 
 
 def test_every_variable_and_value() -> None:
@@ -42,18 +46,27 @@ def test_small_model_maps_only_the_haiku_tier() -> None:
     env = launch_variables(ClaudeTarget("http://h:1", "t", "big", 65536, small_model_id="little"))
     assert env["ANTHROPIC_DEFAULT_HAIKU_MODEL"] == "little"
     assert env["ANTHROPIC_SMALL_FAST_MODEL"] == "little"
-    assert {env[k] for k in ("ANTHROPIC_MODEL", "ANTHROPIC_DEFAULT_OPUS_MODEL",
-                             "ANTHROPIC_DEFAULT_SONNET_MODEL", "CLAUDE_CODE_SUBAGENT_MODEL")} == {
-        "big"}
+    assert {
+        env[k]
+        for k in (
+            "ANTHROPIC_MODEL",
+            "ANTHROPIC_DEFAULT_OPUS_MODEL",
+            "ANTHROPIC_DEFAULT_SONNET_MODEL",
+            "CLAUDE_CODE_SUBAGENT_MODEL",
+        )
+    } == {"big"}
 
 
-@pytest.mark.parametrize(("name", "expected"), [
-    ("claude-local", "local-claude-local"),
-    ("Claude-3", "local-Claude-3"),
-    ("qwen[1m]", "qwen"),
-    ("mlx-community/Qwen3-8B-4bit", "mlx-community/Qwen3-8B-4bit"),
-    ("[1m]", "local-model"),
-])
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("claude-local", "local-claude-local"),
+        ("Claude-3", "local-Claude-3"),
+        ("qwen[1m]", "qwen"),
+        ("mlx-community/Qwen3-8B-4bit", "mlx-community/Qwen3-8B-4bit"),
+        ("[1m]", "local-model"),
+    ],
+)
 def test_model_ids_keep_claude_code_honouring_the_context_window(name: str, expected: str) -> None:
     model_id = claude_model_id(name)
     assert model_id == expected
@@ -71,11 +84,17 @@ def test_output_never_exceeds_a_tiny_window() -> None:
 
 
 def test_user_environment_kept_provider_switches_dropped_and_env_pairs_win() -> None:
-    inherited = {"PATH": "/bin", "HOME": "/home/u", "ANTHROPIC_API_KEY": "sk-real",
-                 "CLAUDE_CODE_USE_BEDROCK": "1", "CLAUDE_CODE_USE_VERTEX": "1",
-                 "ANTHROPIC_CUSTOM_HEADERS": "X-A: b"}
-    target = ClaudeTarget("http://h:1", "t", "m", 40960,
-                          extra={"CLAUDE_CODE_MAX_OUTPUT_TOKENS": "64", "FOO": "bar"})
+    inherited = {
+        "PATH": "/bin",
+        "HOME": "/home/u",
+        "ANTHROPIC_API_KEY": "sk-real",
+        "CLAUDE_CODE_USE_BEDROCK": "1",
+        "CLAUDE_CODE_USE_VERTEX": "1",
+        "ANTHROPIC_CUSTOM_HEADERS": "X-A: b",
+    }
+    target = ClaudeTarget(
+        "http://h:1", "t", "m", 40960, extra={"CLAUDE_CODE_MAX_OUTPUT_TOKENS": "64", "FOO": "bar"}
+    )
     env = claude_environment(target, inherited)
     assert env["PATH"] == "/bin" and env["HOME"] == "/home/u"
     assert env["ANTHROPIC_CUSTOM_HEADERS"] == "X-A: b"
@@ -95,5 +114,4 @@ def test_env_pairs_parse_and_reject() -> None:
 
 def test_export_lines_quote_for_the_shell() -> None:
     text = export_lines({"A": "plain", "B": "", "C": "it's $HOME"})
-    assert text.splitlines() == ["export A=plain", "export B=''",
-                                 "export C='it'\"'\"'s $HOME'"]
+    assert text.splitlines() == ["export A=plain", "export B=''", "export C='it'\"'\"'s $HOME'"]

@@ -16,17 +16,31 @@ from mlxlaunch.store.inventory import LocalModel
 from mlxlaunch.store.memory import GIB
 
 
-def _local(name: str, directory: Path, weights: int, *, alias: str | None = None,
-           complete: bool = True) -> LocalModel:
+def _local(
+    name: str, directory: Path, weights: int, *, alias: str | None = None, complete: bool = True
+) -> LocalModel:
     facts = replace(read_facts(directory), weights_bytes=weights)
-    return LocalModel(name=name, repo_id=None, alias=alias, source="local", path=directory,
-                      revision=None, refs=(), size_on_disk=weights, complete=complete,
-                      facts=facts, last_used=None)
+    return LocalModel(
+        name=name,
+        repo_id=None,
+        alias=alias,
+        source="local",
+        path=directory,
+        revision=None,
+        refs=(),
+        size_on_disk=weights,
+        complete=complete,
+        facts=facts,
+        last_used=None,
+    )
 
 
 def test_explicit_name_wins_and_test_models_resolve(tiny_model_dir: Path) -> None:
-    chosen = choose_model("tiny", UserConfig({"default-model": "qwen3-8b"}),
-                          local_models=lambda: pytest.fail("must not scan"))
+    chosen = choose_model(
+        "tiny",
+        UserConfig({"default-model": "qwen3-8b"}),
+        local_models=lambda: pytest.fail("must not scan"),
+    )
     assert chosen == ChosenModel("tiny", tiny_model_dir, "--model")
     assert chosen.served_id == "tiny"
     assert chosen.context_window() == 40960
@@ -34,8 +48,11 @@ def test_explicit_name_wins_and_test_models_resolve(tiny_model_dir: Path) -> Non
 
 
 def test_default_model_setting_comes_next(tiny_model_dir: Path) -> None:
-    chosen = choose_model(None, UserConfig({"default-model": str(tiny_model_dir)}),
-                          local_models=lambda: pytest.fail("must not scan"))
+    chosen = choose_model(
+        None,
+        UserConfig({"default-model": str(tiny_model_dir)}),
+        local_models=lambda: pytest.fail("must not scan"),
+    )
     assert chosen.path == tiny_model_dir and chosen.reason == "default-model setting"
     assert chosen.served_id == tiny_model_dir.name  # a path is named by its directory
 
@@ -54,8 +71,7 @@ def test_best_local_model_fits_memory_and_prefers_catalog_rank(tiny_model_dir: P
     best = best_local_model(models, total_memory=16 * GIB)
     assert best is not None and best.name == expected  # huge won't fit; unranked loses
     assert best_local_model(models, total_memory=2 * GIB) is None
-    chosen = choose_model(None, UserConfig(), local_models=lambda: models,
-                          total_memory=16 * GIB)
+    chosen = choose_model(None, UserConfig(), local_models=lambda: models, total_memory=16 * GIB)
     assert chosen.reason == "best downloaded model" and chosen.name == expected
 
 

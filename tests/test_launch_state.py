@@ -15,9 +15,16 @@ from mlxlaunch.launch import state
 
 
 def _state(pid: int, started_at: float = 1.0) -> state.RunState:
-    return state.RunState(pid=pid, url="http://127.0.0.1:1234", token="tok", model="demo",
-                          model_path="/m", log_file="/l.log", kind="launch",
-                          started_at=started_at)
+    return state.RunState(
+        pid=pid,
+        url="http://127.0.0.1:1234",
+        token="tok",
+        model="demo",
+        model_path="/m",
+        log_file="/l.log",
+        kind="launch",
+        started_at=started_at,
+    )
 
 
 def _dead_pid() -> int:
@@ -30,9 +37,16 @@ def test_written_file_has_the_shared_format_and_private_modes(tmp_path: Path) ->
     path = state.write_state(_state(os.getpid()), tmp_path)
     assert path == tmp_path / "run" / f"{os.getpid()}.json"
     data = json.loads(path.read_text())
-    assert data == {"pid": os.getpid(), "url": "http://127.0.0.1:1234", "token": "tok",
-                    "model": "demo", "model_path": "/m", "started_at": 1.0,
-                    "log_file": "/l.log", "kind": "launch"}
+    assert data == {
+        "pid": os.getpid(),
+        "url": "http://127.0.0.1:1234",
+        "token": "tok",
+        "model": "demo",
+        "model_path": "/m",
+        "started_at": 1.0,
+        "log_file": "/l.log",
+        "kind": "launch",
+    }
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
 

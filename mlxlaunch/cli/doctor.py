@@ -12,8 +12,12 @@ from rich.table import Table
 from mlxlaunch.cli.app import app
 from mlxlaunch.launch.doctor import Check, gather_facts, run_checks, worst
 
-STATUS_STYLE = {"ok": "[green]ok[/]", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/]",
-                "info": "[blue]info[/]"}
+STATUS_STYLE = {
+    "ok": "[green]ok[/]",
+    "warn": "[yellow]warn[/]",
+    "fail": "[red]FAIL[/]",
+    "info": "[blue]info[/]",
+}
 
 
 def checks_table(checks: list[Check]) -> Table:

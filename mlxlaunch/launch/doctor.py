@@ -64,18 +64,30 @@ class Check:
 def _backend_check(f: DoctorFacts) -> Check:
     if f.mlx_version is None:
         on_linux = f.system == "Linux"
-        return Check("MLX backend", "fail", f"mlx does not load: {f.backend_error or 'unknown'}",
-                     'pip install "mlx[cpu]"  (or mlx[cuda] with an NVIDIA GPU)' if on_linux
-                     else "pip install --force-reinstall mlx")
+        return Check(
+            "MLX backend",
+            "fail",
+            f"mlx does not load: {f.backend_error or 'unknown'}",
+            'pip install "mlx[cpu]"  (or mlx[cuda] with an NVIDIA GPU)'
+            if on_linux
+            else "pip install --force-reinstall mlx",
+        )
     where = f"mlx {f.mlx_version} on {f.device or '?'}"
     if f.device == "gpu":
         return Check("MLX backend", "ok", where)
     if f.system == "Darwin" and f.machine == "arm64":
-        return Check("MLX backend", "warn", where + " (Metal GPU not in use)",
-                     "check that Python is a native arm64 build, not running under Rosetta")
-    return Check("MLX backend", "warn", where + ": generation will be slow",
-                 'on Linux with an NVIDIA GPU: pip install "mlx[cuda]"' if f.system == "Linux"
-                 else None)
+        return Check(
+            "MLX backend",
+            "warn",
+            where + " (Metal GPU not in use)",
+            "check that Python is a native arm64 build, not running under Rosetta",
+        )
+    return Check(
+        "MLX backend",
+        "warn",
+        where + ": generation will be slow",
+        'on Linux with an NVIDIA GPU: pip install "mlx[cuda]"' if f.system == "Linux" else None,
+    )
 
 
 def _memory_check(f: DoctorFacts) -> Check:
@@ -84,11 +96,19 @@ def _memory_check(f: DoctorFacts) -> Check:
     best = recommend(f.total_memory)
     detail = f"{format_bytes(f.total_memory)} total"
     if best is None:
-        return Check("memory", "fail", detail + ": no catalog model fits",
-                     "use a machine with more memory, or a small local model via --model PATH")
+        return Check(
+            "memory",
+            "fail",
+            detail + ": no catalog model fits",
+            "use a machine with more memory, or a small local model via --model PATH",
+        )
     if f.total_memory < LOW_MEMORY:
-        return Check("memory", "warn", f"{detail}: only small models fit (best: {best.alias})",
-                     "close other apps; 16 GB or more gives a much better experience")
+        return Check(
+            "memory",
+            "warn",
+            f"{detail}: only small models fit (best: {best.alias})",
+            "close other apps; 16 GB or more gives a much better experience",
+        )
     return Check("memory", "ok", f"{detail}; recommended model: {best.alias}")
 
 
@@ -96,8 +116,12 @@ def _claude_check(f: DoctorFacts) -> Check:
     if f.claude_path is None:
         return Check("claude", "fail", "Claude Code is not on PATH", INSTALL_HINT)
     if f.claude_version is None:
-        return Check("claude", "warn", f"{f.claude_path} does not answer --version",
-                     "reinstall: npm install -g @anthropic-ai/claude-code")
+        return Check(
+            "claude",
+            "warn",
+            f"{f.claude_path} does not answer --version",
+            "reinstall: npm install -g @anthropic-ai/claude-code",
+        )
     return Check("claude", "ok", f"{f.claude_version} at {f.claude_path}")
 
 
@@ -110,8 +134,14 @@ def _model_checks(f: DoctorFacts) -> list[Check]:
     for model in f.models:
         name = f"model {model.name}"
         if model.problems:
-            checks.append(Check(name, "fail", "; ".join(model.problems),
-                                f"mlx models rm {model.name}, then {pull}"))
+            checks.append(
+                Check(
+                    name,
+                    "fail",
+                    "; ".join(model.problems),
+                    f"mlx models rm {model.name}, then {pull}",
+                )
+            )
             continue
         fit = memory_fit(model.weights_bytes, f.total_memory)
         if fit.fits:
@@ -127,8 +157,9 @@ def _disk_check(f: DoctorFacts) -> Check:
     detail = f"{format_bytes(f.free_disk)} free at {f.models_dir}"
     if f.free_disk < needed:
         what = f"{best.alias} needs {format_bytes(best.size_bytes)}" if best else "low space"
-        return Check("disk", "warn", f"{detail} ({what})",
-                     "free space, or set HF_HUB_CACHE to a bigger disk")
+        return Check(
+            "disk", "warn", f"{detail} ({what})", "free space, or set HF_HUB_CACHE to a bigger disk"
+        )
     return Check("disk", "ok", detail)
 
 
@@ -179,8 +210,7 @@ def _local_models() -> tuple[ModelFact, ...]:
     from mlxlaunch.store.inventory import list_models
 
     return tuple(
-        ModelFact(m.name, m.facts.weights_bytes, tuple(m.facts.problems()))
-        for m in list_models()
+        ModelFact(m.name, m.facts.weights_bytes, tuple(m.facts.problems())) for m in list_models()
     )
 
 

@@ -64,4 +64,3 @@ def print_env_target(
         max_output_tokens=max_output_tokens,
         extra=extra or {},
     )
-

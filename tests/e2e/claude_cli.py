@@ -19,7 +19,7 @@ from pathlib import Path
 
 CLAUDE_CODE_VERSION = "2.1.332"
 
-FAKE_CLAUDE = r'''
+FAKE_CLAUDE = r"""
 import json, os, signal, sys, time, urllib.request
 
 report_path = os.environ["FAKE_CLAUDE_REPORT"]
@@ -70,7 +70,7 @@ if action == "request":
     write()
     sys.exit(0 if report["status"] == 200 else 7)
 sys.exit(99)
-'''
+"""
 
 
 def write_fake_claude(directory: Path) -> Path:
@@ -92,17 +92,27 @@ def install_real_claude(prefix: Path) -> Path | None:
         return None
     prefix.mkdir(parents=True, exist_ok=True)
     subprocess.run(
-        [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
-         f"@anthropic-ai/claude-code@{CLAUDE_CODE_VERSION}"],
-        check=True, capture_output=True, timeout=600,
+        [
+            npm,
+            "install",
+            "--prefix",
+            str(prefix),
+            "--no-audit",
+            "--no-fund",
+            f"@anthropic-ai/claude-code@{CLAUDE_CODE_VERSION}",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=600,
     )
     return binary if binary.exists() else None
 
 
 def _version_ok(binary: Path) -> bool:
     try:
-        out = subprocess.run([str(binary), "--version"], capture_output=True, text=True,
-                             timeout=60, check=False).stdout
+        out = subprocess.run(
+            [str(binary), "--version"], capture_output=True, text=True, timeout=60, check=False
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return False
     return out.startswith(CLAUDE_CODE_VERSION)

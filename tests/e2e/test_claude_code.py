@@ -50,10 +50,26 @@ def _launch(
         MLXLAUNCH_TEST_SCRIPT=str(script),
     )
     done = subprocess.run(
-        [*MLX, "launch", "claude", "--model", str(model), "--claude-bin", str(claude),
-         "--env", "CLAUDE_CODE_MAX_OUTPUT_TOKENS=64", "--", *claude_args],
-        cwd=work, env=env, capture_output=True, text=True, timeout=240,
-        stdin=subprocess.DEVNULL, check=False,
+        [
+            *MLX,
+            "launch",
+            "claude",
+            "--model",
+            str(model),
+            "--claude-bin",
+            str(claude),
+            "--env",
+            "CLAUDE_CODE_MAX_OUTPUT_TOKENS=64",
+            "--",
+            *claude_args,
+        ],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        stdin=subprocess.DEVNULL,
+        check=False,
     )
     logs = list((tmp_path / "mlx" / "logs").glob("launch-*.log"))
     assert len(logs) == 1, done.stderr
@@ -64,8 +80,9 @@ def test_print_mode_answer_comes_from_our_server(
     tmp_path: Path, real_claude: Path, small_model_dir: Path
 ) -> None:
     reply = "Hello from the local model."
-    done, log = _launch(tmp_path, real_claude, small_model_dir,
-                        [f"</think>\n\n{reply}"] * 3, ["-p", "hello"])
+    done, log = _launch(
+        tmp_path, real_claude, small_model_dir, [f"</think>\n\n{reply}"] * 3, ["-p", "hello"]
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert reply in done.stdout
     assert REQUEST_LINE.search(log), log
@@ -74,13 +91,19 @@ def test_print_mode_answer_comes_from_our_server(
 def test_tool_call_runs_and_its_result_goes_back(
     tmp_path: Path, real_claude: Path, small_model_dir: Path
 ) -> None:
-    call = {"name": "Bash", "arguments": {"command": "echo made-by-tool > made.txt",
-                                          "description": "Write a file"}}
+    call = {
+        "name": "Bash",
+        "arguments": {"command": "echo made-by-tool > made.txt", "description": "Write a file"},
+    }
     tool_turn = f"</think>\n\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
     final = "The file is written."
-    done, log = _launch(tmp_path, real_claude, small_model_dir,
-                        [tool_turn] + [f"</think>\n\n{final}"] * 2,
-                        ["-p", "write the file", "--allowedTools", "Bash"])
+    done, log = _launch(
+        tmp_path,
+        real_claude,
+        small_model_dir,
+        [tool_turn] + [f"</think>\n\n{final}"] * 2,
+        ["-p", "write the file", "--allowedTools", "Bash"],
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert (tmp_path / "work" / "made.txt").read_text().strip() == "made-by-tool"
     # Claude Code asks again only to hand back the tool result; the reply to that is printed.
