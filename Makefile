@@ -9,6 +9,9 @@ STAMP := $(VENV)/.installed
 OPENBLAS := $(wildcard /usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 /usr/lib/aarch64-linux-gnu/openblas-pthread/libopenblas.so.0)
 BLAS_ENV := $(if $(OPENBLAS),LD_PRELOAD=$(firstword $(OPENBLAS)),)
 MODEL ?= demo
+CLAUDE_CODE_VERSION := 2.1.332
+# `claude` from PATH, else a pinned copy installed locally with npm on first use.
+CLAUDE_BIN := $(or $(shell command -v claude 2>/dev/null),.cache/claude/node_modules/.bin/claude)
 
 .PHONY: run test check install completions
 
@@ -21,8 +24,11 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 ## Start Claude Code on a local model (default: the offline demo model; MODEL=... to choose).
-run: $(STAMP)
-	$(BLAS_ENV) $(BIN)/mlx launch claude --model $(MODEL)
+run: $(STAMP) $(CLAUDE_BIN)
+	$(BLAS_ENV) $(BIN)/mlx launch claude --model $(MODEL) --claude-bin $(CLAUDE_BIN)
+
+.cache/claude/node_modules/.bin/claude:
+	npm install --prefix .cache/claude --no-audit --no-fund @anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION)
 
 ## The whole test suite (what CI runs).
 test: $(STAMP)

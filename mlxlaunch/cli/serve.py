@@ -116,6 +116,7 @@ def serve(
         typer.echo(f"mlx: serving {model} at {handle.url}")
         typer.echo("Point a client at it with:\n")
         typer.echo(export_lines(launch_variables(target)))
+        typer.echo("\nWatch it live from another terminal: mlx dash")
         typer.echo("\nPress Ctrl-C to stop.", nl=True)
         sys.stdout.flush()
         try:

@@ -182,6 +182,7 @@ def _announce(console: Console, served: Served, options: LaunchOptions) -> None:
     if not options.preload:
         console.print("[dim]the model loads on Claude Code's first request[/]")
     console.print(f"[dim]server log: {served.log_file}[/]", highlight=False)
+    console.print("[dim]watch it live from another terminal: mlx dash[/]")
     if options.verbose:
         console.print(f"model: {served.model.path} (from {served.model.reason})", highlight=False)
 
