@@ -17,7 +17,7 @@ _mlx() {
         "dash") words="--url --token --retry --help" ;;
         "doctor") words="--claude-bin --help" ;;
         "launch") words="claude --help" ;;
-        "launch claude") words="--model -m --small-model --port --context-length --max-output-tokens --keep-alive --preload --claude-bin --env -e --yes -y --verbose -v --print-env --url --token --help" ;;
+        "launch claude") words="--model -m --small-model --port --context-length --max-output-tokens --keep-alive --max-concurrency --idle-clear --memory-fraction --cache-memory --cache-dir --cache-disk --preload --claude-bin --env -e --yes -y --verbose -v --print-env --url --token --help" ;;
         "models") words="add catalog info list pull recommend rm --help" ;;
         "models add") words="--name --help" ;;
         "models catalog") words="--json --help" ;;
@@ -26,7 +26,7 @@ _mlx() {
         "models pull") words="--revision --force --help" ;;
         "models recommend") words="--memory --kind --help" ;;
         "models rm") words="--yes -y --help" ;;
-        "serve") words="--model -m --host --port --auth-token --context-length --max-concurrency --preload --no-preload --help" ;;
+        "serve") words="--model -m --host --port --auth-token --context-length --max-concurrency --idle-clear --keep-alive --memory-fraction --cache-memory --cache-dir --cache-disk --preload --no-preload --allow-remote --no-auth --allow-origin --help" ;;
         *) words="" ;;
     esac
     COMPREPLY=($(compgen -W "$words" -- "$cur"))

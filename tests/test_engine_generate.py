@@ -110,7 +110,10 @@ async def test_greedy_output_is_deterministic_and_matches_mlx_lm(tiny_model_dir:
     done_1, done_2 = first[-1], second[-1]
     assert isinstance(done_1, Done) and isinstance(done_2, Done)
     assert text_of(first) == text_of(second)
-    assert (done_1.stop_reason, done_1.usage) == (done_2.stop_reason, done_2.usage)
+    assert done_1.stop_reason == done_2.stop_reason
+    assert done_1.usage.output_tokens == done_2.usage.output_tokens
+    # the identical second request is served from the prefix cache (all but the last token)
+    assert done_2.usage.cached_tokens == done_2.usage.prompt_tokens - 1
     assert probes[0].context == probes[1].context and probes[0].steps == probes[1].steps
 
     # mlx-lm's own single-stream generator sees the same logits and picks the same tokens.

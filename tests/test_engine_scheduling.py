@@ -32,9 +32,10 @@ from mlxlaunch.testing.scripted import ScriptedOutput
 WORDS = " ".join(f"w{i}" for i in range(2000))  # a long script: thousands of tokens
 
 
-def request(request_id: str, max_tokens: int = 3000, text: str = "hi") -> GenerationRequest:
+def request(request_id: str, max_tokens: int = 3000, text: str | None = None) -> GenerationRequest:
+    # Distinct prompts by default: identical concurrent requests share one generation.
     return GenerationRequest(
-        messages=[ChatMessage("user", text)],
+        messages=[ChatMessage("user", text or f"hi from {request_id}")],
         max_tokens=max_tokens,
         sampling=Sampling(temperature=0.0),
         request_id=request_id,

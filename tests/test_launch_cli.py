@@ -145,7 +145,9 @@ def test_environment_wiring_exit_code_and_cleanup(
     assert seen["argv"] == ["exit", "3", "--some-flag", "two words"]
     # The log path was announced before claude started; the server is gone, the port free.
     assert "server log:" in done.stderr
-    assert "9.9.9 (Fake Claude)" in done.stderr  # --verbose names claude's version
+    said = " ".join(done.stderr.split())  # rich wraps long lines at the terminal's width
+    assert "9.9.9 (Fake Claude)" in said  # --verbose names claude's version
+    assert "mlx dash" in said  # how to watch the server live
     assert list((world["home"] / "run").glob("*.json")) == []
     assert _port_is_free(url)
 

@@ -6,7 +6,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mlxlaunch.engine.types import ChatMessage, ToolCallRecord, ToolChoice
+import pytest
+
+from mlxlaunch.engine.types import ChatMessage, InvalidRequest, ToolCallRecord, ToolChoice
 from mlxlaunch.protocol.requests import CountTokensRequest, MessagesRequest
 from mlxlaunch.server.mapping import shows_thinking, to_generation_request
 
@@ -120,7 +122,7 @@ def test_tool_results_and_text_keep_their_order() -> None:
     assert [c.name for c in assistant.tool_calls] == ["A", "B"]
     assert [(m.role, m.name, m.content, m.is_error) for m in gen.messages[2:]] == [
         ("tool", "A", "one", False),
-        ("tool", "B", "two", True),
+        ("tool", "B", "[tool error]\ntwo", True),
         ("user", None, "and now?", False),
     ]
 
@@ -202,7 +204,12 @@ def test_media_is_marked_not_dropped() -> None:
         },
         {"type": "text", "text": "what is this?"},
     ]
-    user = _map(messages=[{"role": "user", "content": content}]).messages[0]
+    messages = [{"role": "user", "content": content}]
+    with pytest.raises(InvalidRequest, match="does not accept images"):
+        _map(messages=messages)
+    body = {"model": "m", "max_tokens": 9, "messages": messages}
+    request = MessagesRequest.model_validate(body)
+    user = to_generation_request(request, accepts_images=True).messages[0]
     assert (
         "[image omitted]" in user.content
         and "doc body" in user.content

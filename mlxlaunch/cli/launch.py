@@ -10,6 +10,20 @@ import typer
 from rich.console import Console
 
 from mlxlaunch.cli.app import app
+from mlxlaunch.cli.cache_options import (
+    DEFAULT_CACHE_DISK,
+    CacheDirOption,
+    CacheDiskOption,
+    CacheMemoryOption,
+)
+from mlxlaunch.cli.scheduler_options import (
+    DEFAULT_IDLE_CLEAR,
+    DEFAULT_MEMORY_FRACTION,
+    IdleClearOption,
+    KeepAliveOption,
+    MaxConcurrencyOption,
+    MemoryFractionOption,
+)
 from mlxlaunch.errors import ConfigError
 from mlxlaunch.launch.claude_env import export_lines, launch_variables, parse_env_pairs
 from mlxlaunch.store.catalog import recommend
@@ -101,9 +115,13 @@ def claude(
     max_output_tokens: Annotated[
         int | None, typer.Option(min=1, help="Claude Code's output budget (default: window/4).")
     ] = None,
-    keep_alive: Annotated[
-        str | None, typer.Option(help="How long an idle model stays loaded (e.g. 30m, never).")
-    ] = None,
+    keep_alive: KeepAliveOption = None,
+    max_concurrency: MaxConcurrencyOption = None,
+    idle_clear: IdleClearOption = DEFAULT_IDLE_CLEAR,
+    memory_fraction: MemoryFractionOption = DEFAULT_MEMORY_FRACTION,
+    cache_memory: CacheMemoryOption = "auto",
+    cache_dir: CacheDirOption = None,
+    cache_disk: CacheDiskOption = DEFAULT_CACHE_DISK,
     preload: Annotated[
         bool, typer.Option("--preload", help="Load the model before claude starts.")
     ] = False,
@@ -140,6 +158,12 @@ def claude(
         port=port,
         context_length=context_length,
         keep_alive=keep_alive,
+        max_concurrency=max_concurrency,
+        idle_clear=idle_clear,
+        memory_fraction=memory_fraction,
+        cache_memory=cache_memory,
+        cache_dir=cache_dir,
+        cache_disk=cache_disk,
         max_output_tokens=max_output_tokens,
         preload=preload,
         claude_bin=claude_bin,

@@ -19,6 +19,22 @@ import typer
 from rich.console import Console
 
 from mlxlaunch.cli.app import app
+from mlxlaunch.cli.cache_options import (
+    DEFAULT_CACHE_DISK,
+    CacheDirOption,
+    CacheDiskOption,
+    CacheMemoryOption,
+    cache_config,
+)
+from mlxlaunch.cli.scheduler_options import (
+    DEFAULT_IDLE_CLEAR,
+    DEFAULT_MEMORY_FRACTION,
+    IdleClearOption,
+    KeepAliveOption,
+    MaxConcurrencyOption,
+    MemoryFractionOption,
+    engine_tuning,
+)
 from mlxlaunch.launch.claude_env import ClaudeTarget, export_lines, launch_variables
 from mlxlaunch.launch.models import resolve_name
 from mlxlaunch.launch.state import RunState, remove_state, write_state
@@ -39,7 +55,7 @@ Examples:
 
   mlx serve --model qwen-coder-7b --port 8080 --auth-token secret
 
-  mlx serve --model ./my-mlx-model --context-length 32768 --host 0.0.0.0
+  mlx serve --model ./my-mlx-model --context-length 32768 --host 0.0.0.0 --allow-remote
 """
 
 _console = Console(stderr=True)
@@ -50,7 +66,9 @@ def serve(
     model: Annotated[
         str, typer.Option("--model", "-m", help="Alias, repo id, local path, or `demo`.")
     ],
-    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    host: Annotated[
+        str, typer.Option(help="Interface to listen on (beyond loopback needs --allow-remote).")
+    ] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: any free one).")] = 8080,
     auth_token: Annotated[
         str | None,
@@ -63,22 +81,46 @@ def serve(
     context_length: Annotated[
         int | None, typer.Option(min=2, help="Context window to serve (default: the model's).")
     ] = None,
-    max_concurrency: Annotated[
-        int | None, typer.Option(min=1, help="Requests decoded together (default: 4 CPU, 8 GPU).")
-    ] = None,
+    max_concurrency: MaxConcurrencyOption = None,
+    idle_clear: IdleClearOption = DEFAULT_IDLE_CLEAR,
+    keep_alive: KeepAliveOption = None,
+    memory_fraction: MemoryFractionOption = DEFAULT_MEMORY_FRACTION,
+    cache_memory: CacheMemoryOption = "auto",
+    cache_dir: CacheDirOption = None,
+    cache_disk: CacheDiskOption = DEFAULT_CACHE_DISK,
     preload: Annotated[
         bool, typer.Option("--preload/--no-preload", help="Load the model before serving.")
     ] = True,
+    allow_remote: Annotated[
+        bool,
+        typer.Option(
+            "--allow-remote", help="Allow a --host other machines can reach (auth stays on)."
+        ),
+    ] = False,
+    no_auth: Annotated[
+        bool,
+        typer.Option("--no-auth", help="Accept requests without a token (loopback only)."),
+    ] = False,
+    allow_origin: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-origin",
+            help="Browser origin allowed to call the server, e.g. http://localhost:3000 "
+            "(repeatable; none by default).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     if is_test_model_name(model):
         _console.print(f"[bold yellow]note:[/] {DEMO_NOTICE}", highlight=False)
+    token, origins = _security_options(host, auth_token, no_auth, allow_remote, allow_origin)
     path = resolve_name(model)
-    token = auth_token or secrets.token_urlsafe(32)
     _log_requests_to_terminal()
 
     # The engine (and mlx) load only when serving, keeping every other `mlx` command quick.
-    from mlxlaunch.engine.config import EngineConfig, default_max_concurrency
+    from mlxlaunch.engine.config import EngineConfig
     from mlxlaunch.engine.engine import Engine
+    from mlxlaunch.protocol.limits import plain_model_id
     from mlxlaunch.server.app import ServerSettings
     from mlxlaunch.server.runner import start_server
 
@@ -86,13 +128,26 @@ def serve(
         EngineConfig(
             model=str(path),
             context_length=context_length,
-            max_concurrency=max_concurrency or default_max_concurrency(),
+            **engine_tuning(
+                max_concurrency=max_concurrency,
+                idle_clear=idle_clear,
+                keep_alive=keep_alive,
+                memory_fraction=memory_fraction,
+            ),
+            **cache_config(cache_memory, cache_dir, cache_disk),
         )
     )
     with _stop_on_signals(), contextlib.ExitStack() as stack:
         engine.start()
         stack.callback(engine.close)
-        handle = start_server(engine, ServerSettings(host=host, port=port, auth_token=token))
+        settings = ServerSettings(
+            host=host,
+            port=port,
+            auth_token=token,
+            allow_remote=allow_remote,
+            allowed_origins=origins,
+        )
+        handle = start_server(engine, settings)
         stack.callback(handle.stop, DRAIN_S)
         window: int | None = None
         if preload:
@@ -102,7 +157,7 @@ def serve(
             RunState(
                 pid=os.getpid(),
                 url=handle.url,
-                token=token,
+                token=token or "",
                 model=model,
                 model_path=str(path),
                 log_file="",
@@ -111,7 +166,10 @@ def serve(
         )
         stack.callback(remove_state, os.getpid())
         target = ClaudeTarget(
-            base_url=handle.url, auth_token=token, model_id=model, context_window=window
+            base_url=handle.url,
+            auth_token=token or "no-auth",
+            model_id=plain_model_id(model),  # a path is not a model id clients may send
+            context_window=window,
         )
         typer.echo(f"mlx: serving {model} at {handle.url}")
         typer.echo("Point a client at it with:\n")
@@ -125,6 +183,32 @@ def serve(
         except KeyboardInterrupt:
             _console.print("stopping…")
     _console.print("stopped")
+
+
+def _security_options(
+    host: str,
+    auth_token: str | None,
+    no_auth: bool,
+    allow_remote: bool,
+    allow_origin: list[str] | None,
+) -> tuple[str | None, tuple[str, ...]]:
+    """The token to require (None: no auth) and the allowed origins; refuses unsafe setups
+    before anything loads (the rules live in server/guards.py, SECURITY.md explains them)."""
+    from mlxlaunch.errors import ConfigError
+    from mlxlaunch.server.guards import check_exposure, check_origin_spec
+
+    if no_auth and auth_token:
+        raise ConfigError("--no-auth and --auth-token contradict each other")
+    token = None if no_auth else (auth_token or secrets.token_urlsafe(32))
+    check_exposure(host, auth_token=token, allow_remote=allow_remote)
+    origins = tuple(check_origin_spec(origin) for origin in allow_origin or ())
+    if no_auth:
+        _console.print(
+            "[bold yellow]warning:[/] --no-auth: any program on this machine can use the "
+            "server (web pages still cannot: the host and origin checks stay on)",
+            highlight=False,
+        )
+    return token, origins
 
 
 def _log_requests_to_terminal() -> None:

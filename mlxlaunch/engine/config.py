@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -27,6 +28,18 @@ def default_max_concurrency() -> int:
     return 8 if _on_gpu() else 4
 
 
+GIB = 1024**3
+DEFAULT_CACHE_DISK_BYTES = 20 * GIB
+
+
+def default_cache_memory() -> int:
+    """Prefix-cache memory budget: a quarter of RAM, at most 8 GiB (2 GiB when unknown)."""
+    from mlxlaunch.store.memory import system_memory_bytes  # read-only machine facts
+
+    total = system_memory_bytes()
+    return min(8 * GIB, total // 4) if total > 0 else 2 * GIB
+
+
 def default_prefill_chunk() -> int:
     """Prefill step size: on CPU, 256–512-token chunks beat 2,048 at long contexts (FACTS.md)."""
     return 2048 if _on_gpu() else 512
@@ -46,6 +59,20 @@ class EngineConfig:
         logits_hook: test seam; returns extra logits processors for a request.
         model_wrapper: test seam; wraps the loaded model (e.g. to inject failures).
         clock: monotonic clock used for timings.
+        idle_clear_s: seconds without requests after which the MLX buffer cache is cleared
+            (None: never).
+        keep_alive_s: seconds without requests after which the model is unloaded; it loads
+            again on the next request (None: stay loaded; 0: unload as soon as idle).
+        sweep_poll_s: how often an idle worker looks at the clock for the two above.
+        memory_fraction: share of RAM MLX may use (memory limit; on macOS also the wired
+            limit); None leaves MLX's limits alone.
+        dedupe: serve a request identical to a running one from the same generation.
+        cache_memory_bytes: prefix-cache memory budget (None: `default_cache_memory()`;
+            0: no prefix cache).
+        cache_dir: where reused prefixes are saved for later processes (None: memory only).
+        cache_disk_bytes: budget of `cache_dir`, least recently used entries go first.
+        cache_block_tokens: tokens per block of the prefix cache's trie.
+        cache_restore: disk entries of this model restored into memory at load (warm start).
     """
 
     model: str
@@ -58,11 +85,27 @@ class EngineConfig:
     model_wrapper: ModelWrapper | None = None
     clock: Callable[[], float] = time.monotonic
     recent_requests: int = 50  # request records kept for stats()
+    idle_clear_s: float | None = 30.0
+    keep_alive_s: float | None = None
+    sweep_poll_s: float = 1.0
+    memory_fraction: float | None = 0.85
+    dedupe: bool = True
+    cache_memory_bytes: int | None = None
+    cache_dir: Path | None = None
+    cache_disk_bytes: int = DEFAULT_CACHE_DISK_BYTES
+    cache_block_tokens: int = 256
+    cache_restore: int = 4
 
     def __post_init__(self) -> None:
+        if self.cache_block_tokens < 1:
+            raise ValueError("cache_block_tokens must be at least 1")
         if self.max_concurrency < 1:
             raise ValueError("max_concurrency must be at least 1")
         if self.prefill_chunk < 1:
             raise ValueError("prefill_chunk must be at least 1")
         if self.context_length is not None and self.context_length < 2:
             raise ValueError("context_length must be at least 2")
+        if self.memory_fraction is not None and not 0 < self.memory_fraction <= 1:
+            raise ValueError("memory_fraction must be in (0, 1]")
+        if self.sweep_poll_s <= 0:
+            raise ValueError("sweep_poll_s must be positive")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import math
 import threading
 import uuid
@@ -22,9 +23,12 @@ from collections.abc import AsyncIterator
 from functools import partial
 
 from mlxlaunch.engine.config import EngineConfig
+from mlxlaunch.engine.decoding import NO_PLAN, DecodingPlan, needs_plan, plan_decoding
+from mlxlaunch.engine.duplicates import DuplicateRegistry, SharedSink, deliver, generation_key
 from mlxlaunch.engine.job import EventSink, Job
 from mlxlaunch.engine.render import RenderedPrompt
 from mlxlaunch.engine.stats import EngineStats, StatsBook
+from mlxlaunch.engine.sweeper import IdleSweeper
 from mlxlaunch.engine.types import (
     Done,
     EngineEvent,
@@ -34,9 +38,13 @@ from mlxlaunch.engine.types import (
     ModelInfo,
     Overloaded,
     PromptTooLong,
+    Timings,
+    Usage,
 )
 from mlxlaunch.engine.worker import Worker
 from mlxlaunch.errors import MlxLaunchError
+
+log = logging.getLogger(__name__)
 
 # Bounds of the retry-after hint given with Overloaded, in seconds.
 MIN_RETRY_AFTER_S = 1
@@ -79,7 +87,9 @@ class Engine:
         self.config = config
         self._stats = StatsBook(config.clock, keep_records=config.recent_requests)
         self._admission = AdmissionQueue(config.max_queue, config.max_queued_tokens)
-        self._worker = Worker(config, self._stats, self._on_dequeue)
+        self._sweeper = IdleSweeper(config.idle_clear_s, config.keep_alive_s, config.clock)
+        self._duplicates = DuplicateRegistry()
+        self._worker = Worker(config, self._stats, self._on_dequeue, self._sweeper)
         self._lock = threading.Lock()
         self._load_future: concurrent.futures.Future[ModelInfo] | None = None
         self._started = False
@@ -107,12 +117,18 @@ class Engine:
         self.start()
         with self._lock:
             future = self._load_future
+            if future is not None and future.done() and self._worker.loaded is None:
+                future = None  # unloaded since (keep-alive ran out): load again
             if future is None:
                 future = concurrent.futures.Future()
                 future.add_done_callback(self._forget_failed_load)
                 self._load_future = future
                 self._worker.post(partial(self._worker.load, future))
-        return await asyncio.wrap_future(future)
+        self._sweeper.begin()  # a load is use too: keep-alive counts from its end
+        try:
+            return await asyncio.wrap_future(future)
+        finally:
+            self._sweeper.end()
 
     async def unload(self) -> None:
         """Fail running requests and release the model; the next submit loads it again."""
@@ -138,8 +154,31 @@ class Engine:
         An async generator: refusals (PromptTooLong, Overloaded, InvalidRequest,
         EngineUnavailable) are raised by the first `__anext__`, before any event. Closing the
         iterator early (or cancelling the task consuming it) cancels the request within one
-        step.
+        step. A request identical to a running one shares its generation (see duplicates.py).
         """
+        self._sweeper.begin()  # from here the sweeper leaves the model alone
+        try:
+            sink, request_id = await self._admit(request)
+            finished = False
+            try:
+                while True:
+                    item = await sink.queue.get()
+                    if isinstance(item, BaseException):
+                        finished = True
+                        raise item
+                    for event in item:
+                        if isinstance(event, Done):
+                            finished = True
+                        yield event
+                        if finished:
+                            return
+            finally:
+                self._leave(request_id, finished)
+        finally:
+            self._sweeper.end()
+
+    async def _admit(self, request: GenerationRequest) -> tuple[EventSink, str]:
+        """Render, check and queue `request` (or join its running duplicate)."""
         if request.max_tokens < 1:
             raise InvalidRequest("max_tokens must be at least 1")
         info = await self._loaded_info()
@@ -149,51 +188,88 @@ class Engine:
         if prompt_tokens >= window:
             self._stats.count(requests_refused=1)
             raise PromptTooLong(prompt_tokens, window)
+        decoding = await self._plan_decoding(request, rendered)  # InvalidRequest: a 400
         room = window - prompt_tokens
         max_tokens = min(request.max_tokens, room)
+        request_id = request.request_id or f"req_{uuid.uuid4().hex[:16]}"
+        loop = asyncio.get_running_loop()
+        key = generation_key(rendered.tokens, request, max_tokens) if self.config.dedupe else None
+        if key is not None and (joined := self._duplicates.attach(key, request_id, loop)):
+            self._stats.count(requests_deduplicated=1)
+            log.info("%s: identical to a running request; sharing its generation", request_id)
+            return joined, request_id
+        if max_tokens < request.max_tokens:
+            log.info(
+                "%s: max_tokens %d clamped to %d (the %d-token prompt leaves that much of the "
+                "%d-token context window)",
+                request_id, request.max_tokens, max_tokens, prompt_tokens, window,
+            )  # fmt: skip
         try:
             self._admission.enter(prompt_tokens, self._stats.snapshot().prefill_tps)
         except Overloaded:
-            self._stats.count(requests_refused=1)
+            self._stats.count(requests_refused=1, requests_overloaded=1)
             raise
+        self._stats.queued_tokens = self._admission.tokens
+        sink = SharedSink(loop, request_id)
         job = Job(
-            request_id=request.request_id or f"req_{uuid.uuid4().hex[:16]}",
+            request_id=request_id,
             request=request,
             prompt=rendered.tokens,
             max_tokens=max_tokens,
             clamped=max_tokens < request.max_tokens,
             opens_thinking=rendered.opens_thinking,
-            sink=EventSink(asyncio.get_running_loop()),
+            sink=sink,
+            decoding=decoding,
             submitted_at=self.config.clock(),
         )
         try:
             self._worker.post(partial(self._worker.enqueue, job))
         except EngineUnavailable:
             self._admission.leave(prompt_tokens)
+            self._stats.queued_tokens = self._admission.tokens
             raise
-        try:
-            while True:
-                item = await job.sink.queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                for event in item:
-                    yield event
-                    if isinstance(event, Done):
-                        return
-        finally:
-            if not job.finished:  # the consumer left early: free the batch slot
-                with contextlib.suppress(EngineUnavailable):
-                    self._worker.post(partial(self._worker.cancel_job, job))
+        self._duplicates.register(key, request_id, job, sink)
+        return sink, request_id
+
+    def _leave(self, request_id: str, finished: bool) -> None:
+        """A consumer stopped listening; the last one to leave early cancels the job."""
+        job, _ = self._duplicates.leave(request_id)
+        if job is not None and not finished and not job.finished:
+            with contextlib.suppress(EngineUnavailable):  # free the batch slot
+                self._worker.post(partial(self._worker.cancel_job, job))
 
     def cancel(self, request_id: str) -> None:
-        """Cancel a queued or running request; its stream ends with Done("cancelled")."""
-        if self._started and not self._closed:
-            self._worker.post(partial(self._worker.cancel_request, request_id))
+        """Cancel a queued or running request; its stream ends with Done("cancelled").
+
+        A request sharing its generation with duplicates only stops listening: the others
+        keep receiving it, and the generation stops when its last listener is gone.
+        """
+        if not self._started or self._closed:
+            return
+        job: Job | None = None
+        if self._duplicates.listeners(request_id) > 1:
+            # Others still listen: end this listener's stream here, leave the job running.
+            job, sink = self._duplicates.leave(request_id)
+            if sink is not None:
+                usage = Usage(0, 0, 0)
+                deliver(sink, [Done("cancelled", usage, None, Timings(0.0, 0.0, 0.0, 0.0))])
+            if job is None:
+                return
+        job = job or self._duplicates.job_of(request_id)
+        with contextlib.suppress(EngineUnavailable):
+            if job is not None:  # the last listener: its Done comes from the worker
+                self._worker.post(partial(self._worker.cancel_job, job))
+            else:
+                self._worker.post(partial(self._worker.cancel_request, request_id))
 
     async def count_tokens(self, request: GenerationRequest) -> int:
         """The exact number of prompt tokens `submit(request)` would have."""
-        await self._loaded_info()
-        return len((await self._render(request)).tokens)
+        self._sweeper.begin()
+        try:
+            await self._loaded_info()
+            return len((await self._render(request)).tokens)
+        finally:
+            self._sweeper.end()
 
     def stats(self) -> EngineStats:
         """A snapshot of the engine's state, counters and recent requests."""
@@ -214,6 +290,9 @@ class Engine:
 
     async def _render(self, request: GenerationRequest) -> RenderedPrompt:
         renderer = self._worker.renderer
+        if renderer is None:  # unloaded by the idle sweeper a moment ago: load it again
+            await self._loaded_info()
+            renderer = self._worker.renderer
         if renderer is None:
             raise EngineUnavailable("no model is loaded")
         try:
@@ -221,8 +300,29 @@ class Engine:
         except Exception as exc:  # template errors are about the request's content
             raise InvalidRequest(f"the prompt could not be rendered: {exc}") from exc
 
+    async def _plan_decoding(
+        self, request: GenerationRequest, rendered: RenderedPrompt
+    ) -> DecodingPlan:
+        """Compile the request's constraints and thinking budget (see engine/decoding.py)."""
+        if not needs_plan(request):
+            return NO_PLAN
+        loaded = self._worker.loaded
+        while loaded is None:  # unloaded by keep-alive since rendering: a plan needs the model
+            await self._loaded_info()
+            loaded = self._worker.loaded
+        build = partial(
+            plan_decoding,
+            request,
+            opens_thinking=rendered.opens_thinking,
+            tokenizer=loaded.tokenizer,
+            info=loaded.info,
+            lock=self._worker.tokenizer_lock,
+        )
+        return await asyncio.to_thread(build)
+
     def _on_dequeue(self, job: Job) -> None:
         self._admission.leave(job.prompt_tokens)
+        self._stats.queued_tokens = self._admission.tokens
 
     def _forget_failed_load(self, future: concurrent.futures.Future[ModelInfo]) -> None:
         if future.exception() is not None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from mlx_lm.tokenizer_utils import NaiveStreamingDetokenizer, TokenizerWrapper
 
+from mlxlaunch.engine.decoding import NO_PLAN, DecodingPlan
 from mlxlaunch.engine.output import OutputParser, ParsedEvent, ParserConfig
 from mlxlaunch.engine.stats import RequestRecord
 from mlxlaunch.engine.types import (
@@ -95,7 +96,8 @@ def parser_config(info: ModelInfo, tokenizer: TokenizerWrapper, job: Job) -> Par
         tool_call_end=info.tool_call_end,
         tool_parser=tokenizer.tool_parser,
         tools=list(request.tools),
-        tools_enabled=request.tool_choice.mode != "none",
+        # Markup is a call only when tools were offered and calls are allowed; else it is text.
+        tools_enabled=bool(request.tools) and request.tool_choice.mode != "none",
         stop_sequences=list(request.stop_sequences),
         # Without parallel calls the turn ends after the first one.
         max_tool_calls=None if request.tool_choice.parallel else 1,
@@ -114,6 +116,7 @@ class Job:
     opens_thinking: bool
     sink: EventSink
     submitted_at: float
+    decoding: DecodingPlan = NO_PLAN  # constraints and thinking budget, built at submit
     # Filled in by the worker thread.
     uid: int | None = None
     cached_tokens: int = 0

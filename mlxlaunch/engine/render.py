@@ -12,6 +12,7 @@ from typing import Any
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from mlxlaunch.engine.system_turns import SystemTurns
 from mlxlaunch.engine.types import ChatMessage, GenerationRequest, ToolSpec
 
 
@@ -76,12 +77,14 @@ class PromptRenderer:
     def __init__(self, tokenizer: TokenizerWrapper, lock: threading.Lock | None = None) -> None:
         self.tokenizer = tokenizer
         self.lock = lock or threading.Lock()
+        self.system_turns = SystemTurns(tokenizer)  # mid-conversation system turns, in place
 
     def render_text(self, request: GenerationRequest) -> str:
         """The prompt text: chat template applied, generation prompt added."""
-        messages = [message_to_template(m) for m in request.messages]
         tools = [tool_to_template(t) for t in request.tools] or None
         with self.lock:
+            placed = self.system_turns.place(request.messages)  # may probe the template
+            messages = [message_to_template(m) for m in placed]
             text = self.tokenizer.apply_chat_template(
                 messages,
                 tools=tools,

@@ -9,7 +9,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 EngineState = Literal["unloaded", "loading", "loaded"]
 
@@ -22,13 +22,17 @@ class EngineCounters:
     """Totals since the engine started; they never go down."""
 
     requests_admitted: int = 0
-    requests_refused: int = 0
+    requests_refused: int = 0  # every refusal before admission, 429s included
+    requests_overloaded: int = 0  # refusals by admission control (HTTP 429)
     requests_cancelled: int = 0
+    requests_deduplicated: int = 0  # duplicates served from a running generation
     requests_failed: int = 0
     requests_completed: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
     generated_tokens: int = 0
+    idle_cache_clears: int = 0  # MLX buffer cache cleared by the idle sweeper
+    idle_unloads: int = 0  # model unloaded by the idle sweeper (keep-alive ran out)
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,25 @@ class RequestRecord:
 
 
 @dataclass(frozen=True)
+class CacheFigures:
+    """The prefix cache as stats report it."""
+
+    bytes: int = 0
+    budget_bytes: int = 0
+    blocks: int = 0
+    evictions: int = 0
+    lookups: int = 0
+    hits: int = 0
+    disk_bytes: int = 0
+    disk_entries: int = 0
+    disk_loads: int = 0
+    disk_saves: int = 0
+    disk_rejected: int = 0
+    warning: str | None = None
+    last_miss: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
 class EngineStats:
     """A point-in-time view of the engine."""
 
@@ -60,6 +83,16 @@ class EngineStats:
     memory_active_bytes: int
     memory_cache_bytes: int
     recent: list[RequestRecord] = field(default_factory=list)
+    memory_limit_bytes: int = 0  # MLX memory limit the engine set (0: not set)
+    queued_tokens: int = 0  # prompt tokens waiting in the admission queue
+    # Prefix cache (names the dashboard reads): memory and disk held, share of prompt tokens
+    # served from it, the latest miss diagnostic, and all its figures.
+    cache_bytes: int = 0
+    cache_disk_bytes: int = 0
+    cache_hit_ratio: float = 0.0
+    last_miss: dict[str, Any] | None = None
+    cache_warning: str | None = None
+    cache: CacheFigures = field(default_factory=CacheFigures)
 
 
 class StatsBook:
@@ -78,6 +111,9 @@ class StatsBook:
         self.running = 0
         self.memory_active_bytes = 0
         self.memory_cache_bytes = 0
+        self.memory_limit_bytes = 0
+        self.queued_tokens = 0
+        self.cache = CacheFigures()  # replaced whole by the worker thread
 
     def count(self, **deltas: int) -> None:
         """Add to counters, e.g. `count(requests_admitted=1, prompt_tokens=120)`."""
@@ -108,6 +144,7 @@ class StatsBook:
         prompt_s = sum(s[2] for s in steps)
         gen_tokens = sum(s[3] for s in steps)
         decode_s = sum(s[4] for s in steps)
+        cache = self.cache
         return EngineStats(
             model=self.model,
             state=self.state,
@@ -119,4 +156,14 @@ class StatsBook:
             memory_active_bytes=self.memory_active_bytes,
             memory_cache_bytes=self.memory_cache_bytes,
             recent=records,
+            memory_limit_bytes=self.memory_limit_bytes,
+            queued_tokens=self.queued_tokens,
+            cache_bytes=cache.bytes,
+            cache_disk_bytes=cache.disk_bytes,
+            cache_hit_ratio=counters.cached_tokens / counters.prompt_tokens
+            if counters.prompt_tokens
+            else 0.0,
+            last_miss=cache.last_miss,
+            cache_warning=cache.warning,
+            cache=cache,
         )

@@ -25,10 +25,13 @@ from mlx_lm.sample_utils import make_sampler
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.job import Job, OutputStream, parser_config
 from mlxlaunch.engine.loader import LoadedModel, load_model
+from mlxlaunch.engine.memory import MemoryBudget, apply_memory_limits, kv_bytes_per_token
 from mlxlaunch.engine.mlx_thread import run_on_mlx_thread
 from mlxlaunch.engine.output import OutputParser
+from mlxlaunch.engine.prefix_cache import PrefixCache, cache_settings
 from mlxlaunch.engine.render import PromptRenderer
 from mlxlaunch.engine.stats import StatsBook
+from mlxlaunch.engine.sweeper import IdleSweeper
 from mlxlaunch.engine.types import (
     Admitted,
     Done,
@@ -63,9 +66,12 @@ class Worker:
         config: EngineConfig,
         stats: StatsBook,
         on_dequeue: Callable[[Job], None],
+        sweeper: IdleSweeper | None = None,
     ) -> None:
         self.config = config
         self.stats = stats
+        self._sweeper = sweeper  # idle cache clear and keep-alive unload; None: never
+        self._memory: MemoryBudget | None = None  # set at load
         self._on_dequeue = on_dequeue  # admission control: the job left the waiting queue
         self._commands: queue.SimpleQueue[Command | None] = queue.SimpleQueue()
         self._finished: threading.Event | None = None  # set when the loop has ended
@@ -78,6 +84,8 @@ class Worker:
         self._waiting: deque[Job] = deque()
         self._running: dict[int, Job] = {}  # BatchGenerator uid -> job
         self._by_request_id: dict[str, Job] = {}
+        self._prefix: PrefixCache | None = None  # set at load
+        self._planned: dict[Job, list[Any]] = {}  # caches planned at admission, until insert
         self._memory_polled_at = float("-inf")
         # (generator, its stats() context, the stats it fills, window start)
         self._window: tuple[BatchGenerator, Any, Any, float] | None = None
@@ -128,6 +136,9 @@ class Worker:
         self._close_generator()
         self.loaded = None
         self.renderer = None
+        self._memory = None
+        self._prefix = None
+        self._planned.clear()
         self.stats.state = "unloaded"
         gc.collect()
         mx.clear_cache()
@@ -172,13 +183,15 @@ class Worker:
         """Worker thread: stop a job now; a queued job never starts."""
         if job.finished:
             return
-        if job.uid is not None and job.uid in self._running:
-            self._remove_from_batch(job)
-        elif job in self._waiting:
+        in_batch = job.uid is not None and job.uid in self._running
+        if not in_batch and job in self._waiting:
             self._waiting.remove(job)
             self._leave_queue(job)
+        # Counted and recorded before the slot shows free: whoever sees it free sees why.
         self.stats.count(requests_cancelled=1)
         self._finish(job, "cancelled", outcome="cancelled")
+        if in_batch:
+            self._remove_from_batch(job)
 
     # --- worker thread: the loop --------------------------------------------------------
 
@@ -187,21 +200,27 @@ class Worker:
             idle = not self._running and not self._waiting
             if idle:
                 self._end_measure()  # count the last window before waiting for work
+                self._save_prefixes()  # disk writes wait for a moment without requests
             self._drain(block=idle)
             if self._stopping:
                 break
+            if idle and not self._running and not self._waiting:
+                self._sweep()
             self._start_waiting()
             if self._running:
                 self._step()
             self._poll_memory()
         self._drain(block=False)  # commands posted before stop(): they see `_stopping`
         self._abandon_all(EngineUnavailable("the engine is shutting down"))
+        self._save_prefixes()
         self._close_generator()
         self.loaded = None
 
     def _drain(self, block: bool) -> None:
+        # An idle worker wakes now and then so the sweeper can act on time.
+        timeout = self.config.sweep_poll_s if self._sweeper is not None else None
         try:
-            command = self._commands.get() if block else self._commands.get_nowait()
+            command = self._commands.get(timeout=timeout) if block else self._commands.get_nowait()
             while True:
                 if command is not None:
                     self._run_command(command)
@@ -229,6 +248,8 @@ class Worker:
 
     def _insert(self, job: Job) -> None:
         loaded = self._require_loaded()
+        if self._memory is not None:  # fail this request alone, before it touches the batch
+            self._memory.check(job.prompt_tokens + job.max_tokens)
         generator = self._batch_generator()
         request = job.request
         job.output = OutputStream(
@@ -246,6 +267,7 @@ class Worker:
             [job.prompt[job.cached_tokens :]],
             max_tokens=[job.max_tokens],
             caches=[cache],
+            all_tokens=[job.prompt[: job.cached_tokens]],  # the tokens `cache` holds
             samplers=[sampler],
             logits_processors=[processors],
         )
@@ -272,6 +294,8 @@ class Worker:
                 job.last_progress = done
                 job.pending.append(Progress(done_tokens=done, total_tokens=job.prompt_tokens))
                 touched.append(job)
+            if progress.end_of_segment and done == job.prompt_tokens - 1:
+                self._snapshot_prompt(job)
         for response in generation_responses:
             job = self._running.get(response.uid)
             if job is None:
@@ -283,6 +307,10 @@ class Worker:
                 self._end_with_error(job, GenerationFailed(f"output processing failed: {exc}"))
                 continue
             touched.append(job)
+            if response.finish_reason is not None and response.prompt_cache is not None:
+                # The generator hands back a finished sequence's cache: prompt and output.
+                caches = {response.uid: (response.prompt_cache, response.all_tokens)}
+                self._retain_prompt_cache(job, caches)
         for job in touched:
             job.flush()
 
@@ -324,7 +352,6 @@ class Worker:
             return
         now = self.config.clock()
         job.finished = True
-        self._forget(job)
         usage = Usage(job.prompt_tokens, job.cached_tokens, job.output_tokens)
         timings = job.timings(now)
         stop = stop_sequence if reason == "stop_sequence" else None
@@ -335,6 +362,7 @@ class Worker:
             generated_tokens=job.output_tokens,
         )
         self._record(job, timings, outcome)
+        self._forget(job)  # after the record: a free slot in stats comes with its record
         job.pending.append(Done(reason, usage, stop, timings))
         job.flush()
 
@@ -373,6 +401,7 @@ class Worker:
             self.stats.running = len(self._running)
         if self._by_request_id.get(job.request_id) is job:
             del self._by_request_id[job.request_id]
+        self._planned.pop(job, None)
 
     def _remove_from_batch(self, job: Job) -> None:
         if job.uid is None or self._generator is None:
@@ -380,7 +409,7 @@ class Worker:
         self._running.pop(job.uid, None)
         self.stats.running = len(self._running)
         try:
-            self._retain_prompt_cache(job, self._generator.remove([job.uid]))
+            self._retain_prompt_cache(job, self._generator.remove([job.uid], True))
         except Exception as exc:
             self._fail_batch(exc)
 
@@ -405,6 +434,8 @@ class Worker:
             self.stats.state = "unloaded"
             raise
         self.loaded = loaded
+        self._memory = self._memory_budget(loaded)
+        self._prefix = self._make_prefix_cache(loaded)
         self.renderer = PromptRenderer(loaded.tokenizer, self.tokenizer_lock)
         self.stats.model = loaded.info.id
         self.stats.state = "loaded"
@@ -461,26 +492,106 @@ class Worker:
             self._generator = None
 
     def _logits_processors(self, job: Job) -> list[Any]:
-        """Per-request logits processors (seam for grammar constraints; tests script here)."""
+        """Per-sequence logits processors: the job's decoding plan (grammar constraint,
+        thinking budget; fresh instances each call), then the test hook's (scripted output)."""
+        processors = job.decoding.processors()
         hook = self.config.logits_hook
-        if hook is None:
-            return []
-        return list(hook(job.request, self._require_loaded().tokenizer) or [])
+        if hook is not None:
+            processors += list(hook(job.request, self._require_loaded().tokenizer) or [])
+        return processors
 
     def _cached_prefix(self, job: Job) -> int:
-        """Seam for the prefix cache: prompt tokens already held in a reusable KV cache."""
-        return 0
+        """Prompt tokens already held in a reusable KV cache; the cache is set aside for the
+        job now, so what Admitted reports is exactly what its prefill starts from."""
+        prefix = self._prefix
+        if prefix is None:
+            return 0
+        plan = prefix.plan(job.prompt, request_id=job.request_id, kind=job.request.kind)
+        if plan.caches is not None:
+            self._planned[job] = plan.caches
+        self._publish_cache_figures()
+        return plan.cached_tokens
 
     def _prompt_cache_for(self, job: Job) -> list[Any]:
-        """Seam for the prefix cache: the KV cache the job's prefill continues from."""
+        """The KV cache the job's prefill continues from (a private copy: the batch may
+        write into it)."""
+        planned = self._planned.pop(job, None)
+        if planned is not None:
+            return planned
         return list(make_prompt_cache(self._require_loaded().base_model))
 
     def _retain_prompt_cache(self, job: Job, caches: dict[int, Any]) -> None:
-        """Seam for the prefix cache: keep a finished job's KV (`remove(..., True)`)."""
+        """Keep a finished or removed job's KV: `{uid: (caches, tokens they hold)}`."""
+        prefix = self._prefix
+        if prefix is None:
+            return
+        main = job.request.kind == "main"
+        for held, tokens in caches.values():
+            if held and tokens:
+                prefix.retain(list(tokens), held, main=main)
+        self._publish_cache_figures()
 
-    def _poll_memory(self) -> None:
+    def _snapshot_prompt(self, job: Job) -> None:
+        """A model whose cache cannot be trimmed is reusable only where a snapshot was taken;
+        the end of a prompt (all but its last token) is where the next turn continues."""
+        prefix, generator = self._prefix, self._generator
+        if prefix is None or not prefix.exact or generator is None or job.uid is None:
+            return
+        self._retain_prompt_cache(job, generator.extract_cache([job.uid]))
+
+    def _make_prefix_cache(self, loaded: LoadedModel) -> PrefixCache | None:
+        settings = cache_settings(self.config)
+        if settings.memory_bytes <= 0:
+            return None
+        tokenizer = loaded.tokenizer
+
+        def decode(tokens: list[int]) -> str:
+            with self.tokenizer_lock:
+                return str(tokenizer.decode(tokens))
+
+        prefix = PrefixCache(loaded.base_model, loaded.info.path, settings, decode)
+        prefix.restore()  # warm start: this model's recent prefixes from disk, before requests
+        self._publish_cache_figures(prefix)
+        return prefix
+
+    def _save_prefixes(self) -> None:
+        if self._prefix is not None and self._prefix.save_pending():
+            self._publish_cache_figures()
+
+    def _publish_cache_figures(self, prefix: PrefixCache | None = None) -> None:
+        prefix = prefix or self._prefix
+        if prefix is not None:
+            self.stats.cache = prefix.figures()
+
+    def _memory_budget(self, loaded: LoadedModel) -> MemoryBudget | None:
+        fraction = self.config.memory_fraction
+        if fraction is None:
+            return None
+        limits = apply_memory_limits(fraction)
+        self.stats.memory_limit_bytes = limits.limit
+        per_token = kv_bytes_per_token(loaded.base_model)
+        return MemoryBudget(limits.limit, int(mx.get_active_memory()), per_token)
+
+    def _sweep(self) -> None:
+        """Idle: clear the buffer cache or unload the model when the sweeper says so."""
+        sweeper = self._sweeper
+        if sweeper is None:
+            return
+        action = sweeper.due(loaded=self.loaded is not None, busy=False)
+        if action == "unload":
+            self.stats.count(idle_unloads=1)  # first: whoever sees "unloaded" sees it counted
+            self.unload(concurrent.futures.Future())
+        elif action == "clear":
+            mx.clear_cache()
+            self.stats.count(idle_cache_clears=1)
+        else:
+            return
+        sweeper.done(action)
+        self._poll_memory(force=True)
+
+    def _poll_memory(self, force: bool = False) -> None:
         now = self.config.clock()
-        if now - self._memory_polled_at >= MEMORY_POLL_S:
+        if force or now - self._memory_polled_at >= MEMORY_POLL_S:
             self._memory_polled_at = now
             self.stats.memory_active_bytes = int(mx.get_active_memory())
             self.stats.memory_cache_bytes = int(mx.get_cache_memory())

@@ -12,6 +12,8 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from mlxlaunch.protocol.limits import plain_model_id
+
 # Claude Code's own default for unknown model ids; never ask for more than this.
 CLAUDE_DEFAULT_MAX_OUTPUT = 32_000
 # Local prefill of a ~20k-token prompt can take minutes on small machines; the server pings
@@ -43,7 +45,9 @@ def claude_model_id(name: str) -> str:
     Claude Code ignores CLAUDE_CODE_MAX_CONTEXT_TOKENS for ids starting with `claude-` or
     containing `[1m]` (it assumes 200k/1M), so such names get a `local-` prefix / lose the tag.
     """
-    model_id = name.replace("[1m]", "").strip() or "local-model"
+    bare = name.replace("[1m]", "").strip()
+    # A path is not a model id the server accepts (it refuses paths and URLs): use its last part.
+    model_id = plain_model_id(bare) if bare else "local-model"
     if model_id.lower().startswith("claude-"):
         model_id = "local-" + model_id
     return model_id

@@ -21,8 +21,10 @@ from types import FrameType
 from rich.console import Console
 
 from mlxlaunch.config import UserConfig, load_config
+from mlxlaunch.engine.cache_settings import DEFAULT_CACHE_DISK, cache_config
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
+from mlxlaunch.engine.tuning import engine_tuning
 from mlxlaunch.errors import ModelNotFound
 from mlxlaunch.launch.child import run_child
 from mlxlaunch.launch.claude_bin import claude_version, find_claude
@@ -31,6 +33,7 @@ from mlxlaunch.launch.models import ChosenModel, choose_model
 from mlxlaunch.launch.server_log import logging_to, new_log_path, terminal_to_child
 from mlxlaunch.launch.state import RunState, remove_state, write_state
 from mlxlaunch.launch.test_hook import scripted_output_from_env
+from mlxlaunch.launch.warm import warm_up_in_background
 from mlxlaunch.server.app import ServerSettings
 from mlxlaunch.server.runner import start_server
 from mlxlaunch.testing import DEMO_NOTICE
@@ -48,6 +51,12 @@ class LaunchOptions:
     port: int | None = None
     context_length: int | None = None
     keep_alive: str | None = None
+    max_concurrency: int | None = None  # None here and below: the engine's default
+    idle_clear: str | None = None
+    memory_fraction: float | None = None
+    cache_memory: str = "auto"  # prefix cache: memory budget, saved-prefix dir, disk budget
+    cache_dir: Path | None = None
+    cache_disk: str = DEFAULT_CACHE_DISK
     max_output_tokens: int | None = None
     preload: bool = False
     claude_bin: str | None = None
@@ -85,9 +94,12 @@ def launch_claude(
         console.print(f"claude: {claude} ({claude_version(claude) or 'version unknown'})")
     config = load_config(environ)
     options = with_settings(options, config)
-    if options.keep_alive is not None:
-        # The engine has no idle unload yet; say so rather than ignore the option silently.
-        console.print("[yellow]note:[/] keep-alive is not supported yet; the model stays loaded")
+    tuning = engine_tuning(
+        max_concurrency=options.max_concurrency,
+        idle_clear=options.idle_clear,
+        keep_alive=options.keep_alive,
+        memory_fraction=options.memory_fraction,
+    )  # before the model loads: a bad keep-alive setting fails fast
     chosen = _choose(options, config, offer_pull)
     log_file = new_log_path()
     with _terminating_cleanly(), contextlib.ExitStack() as stack:
@@ -96,6 +108,8 @@ def launch_claude(
             EngineConfig(
                 model=str(chosen.path),
                 context_length=options.context_length,
+                **tuning,
+                **cache_config(options.cache_memory, options.cache_dir, options.cache_disk),
                 logits_hook=scripted_output_from_env(environ),
             )
         )
@@ -113,6 +127,7 @@ def launch_claude(
                 info = asyncio.run(engine.load())
             window = info.context_window
         else:
+            warm_up_in_background(engine)  # model and cached prefixes, while the user types
             window = chosen.context_window(options.context_length)
         served = Served(chosen, handle.url, token, window, log_file)
         write_state(_run_state(served))
@@ -180,7 +195,7 @@ def _announce(console: Console, served: Served, options: LaunchOptions) -> None:
     if served.model.name == "demo":
         console.print(f"[yellow]note:[/] {DEMO_NOTICE}", highlight=False)
     if not options.preload:
-        console.print("[dim]the model loads on Claude Code's first request[/]")
+        console.print("[dim]the model loads in the background while you type[/]")
     console.print(f"[dim]server log: {served.log_file}[/]", highlight=False)
     console.print("[dim]watch it live from another terminal: mlx dash[/]")
     if options.verbose:

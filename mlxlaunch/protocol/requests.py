@@ -12,8 +12,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, field_validator, model_validator
 
+from mlxlaunch.protocol import limits
+
 StrictPositiveInt = Annotated[int, Field(strict=True, ge=1)]
 NonEmptyStr = Annotated[str, Field(strict=True, min_length=1)]
+# Bounds from protocol/limits.py: far above real use, they keep hostile input cheap to refuse.
+TokenCount = Annotated[int, Field(strict=True, ge=1, le=limits.MAX_OUTPUT_TOKENS)]
+Name = Annotated[str, Field(strict=True, min_length=1, max_length=limits.MAX_NAME_CHARS)]
 
 
 class WireModel(BaseModel):
@@ -54,15 +59,17 @@ def _text_to_blocks(value: Any) -> Any:
 
 class ToolUseBlock(WireModel):
     type: Literal["tool_use"]
-    id: NonEmptyStr
-    name: NonEmptyStr
+    id: Name
+    name: Name
     input: dict[str, Any]
 
 
 class ToolResultBlock(WireModel):
     type: Literal["tool_result"]
-    tool_use_id: NonEmptyStr
-    content: list[ToolResultPart] = Field(default_factory=list)
+    tool_use_id: Name
+    content: Annotated[list[ToolResultPart], Field(max_length=limits.MAX_BLOCKS)] = Field(
+        default_factory=list
+    )
     is_error: Annotated[bool, Field(strict=True)] = False
 
     _normalise_content = field_validator("content", mode="before")(_text_to_blocks)
@@ -96,7 +103,7 @@ class InputMessage(WireModel):
     """One conversation turn. `system` turns are mid-conversation operator instructions."""
 
     role: Literal["user", "assistant", "system"]
-    content: list[ContentBlock]
+    content: Annotated[list[ContentBlock], Field(max_length=limits.MAX_BLOCKS)]
 
     _normalise_content = field_validator("content", mode="before")(_text_to_blocks)
 
@@ -114,7 +121,7 @@ class Tool(WireModel):
     """A client tool. Server tools (other `type`s, no schema) are accepted and not offered."""
 
     type: str | None = None
-    name: NonEmptyStr
+    name: Name
     description: str = ""
     input_schema: dict[str, Any] | None = None
     strict: bool = False
@@ -157,7 +164,7 @@ ToolChoice = Annotated[
 
 class ThinkingEnabled(WireModel):
     type: Literal["enabled"]
-    budget_tokens: StrictPositiveInt
+    budget_tokens: TokenCount
     display: str | None = None
 
 
@@ -193,9 +200,9 @@ class CountTokensRequest(WireModel):
     """Body of `POST /v1/messages/count_tokens` (and the shared part of a messages request)."""
 
     model: NonEmptyStr
-    messages: Annotated[list[InputMessage], Field(min_length=1)]
-    system: list[TextBlock] | None = None
-    tools: list[Tool] | None = None
+    messages: Annotated[list[InputMessage], Field(min_length=1, max_length=limits.MAX_MESSAGES)]
+    system: Annotated[list[TextBlock], Field(max_length=limits.MAX_BLOCKS)] | None = None
+    tools: Annotated[list[Tool], Field(max_length=limits.MAX_TOOLS)] | None = None
     tool_choice: ToolChoice | None = None
     thinking: ThinkingConfig | None = None
     output_config: OutputConfig | None = None
@@ -203,6 +210,8 @@ class CountTokensRequest(WireModel):
     output_format: JsonSchemaFormat | None = None
 
     _normalise_system = field_validator("system", mode="before")(_text_to_blocks)
+    # Any plain id is served by the loaded model; a path or URL is refused (never loaded).
+    _plain_model_id = field_validator("model")(limits.check_model_id)
 
     @property
     def response_format(self) -> JsonSchemaFormat | None:
@@ -215,9 +224,15 @@ class CountTokensRequest(WireModel):
 class MessagesRequest(CountTokensRequest):
     """Body of `POST /v1/messages`."""
 
-    max_tokens: StrictPositiveInt
+    max_tokens: TokenCount
     stream: Annotated[bool, Field(strict=True)] = False
-    stop_sequences: list[Annotated[str, Field(strict=True)]] | None = None
+    stop_sequences: (
+        Annotated[
+            list[Annotated[str, Field(strict=True, max_length=limits.MAX_STOP_SEQUENCE_CHARS)]],
+            Field(max_length=limits.MAX_STOP_SEQUENCES),
+        ]
+        | None
+    ) = None
     temperature: Annotated[float, Field(strict=True, ge=0.0, le=1.0)] | None = None
     top_p: Annotated[float, Field(strict=True, ge=0.0, le=1.0)] | None = None
-    top_k: Annotated[int, Field(strict=True, ge=0)] | None = None
+    top_k: Annotated[int, Field(strict=True, ge=0, le=limits.MAX_TOP_K)] | None = None

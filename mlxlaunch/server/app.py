@@ -7,23 +7,26 @@ error envelope; bad input never takes the server down.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from mlxlaunch.engine.types import (
+    Admitted,
     Done,
     EngineEvent,
     GenerationRequest,
@@ -36,17 +39,28 @@ from mlxlaunch.engine.types import (
 )
 from mlxlaunch.protocol.errors import ErrorType, describe_validation_error, error_body, status_for
 from mlxlaunch.protocol.events import ErrorEvent, PingEvent
+from mlxlaunch.protocol.limits import RequestLimitError, load_request_json
 from mlxlaunch.protocol.requests import CountTokensRequest, MessagesRequest
 from mlxlaunch.protocol.responses import CountTokensResponse, ModelEntry, ModelList
 from mlxlaunch.protocol.sse import encode_event
 from mlxlaunch.server.blocks import TIMINGS_HEADER, ContentBlockStream, new_message_id
+from mlxlaunch.server.guards import HttpLimits, RequestGuard
 from mlxlaunch.server.mapping import shows_thinking, to_generation_request
 from mlxlaunch.server.stats_routes import stats_routes
-from mlxlaunch.server.streaming import EventPump, _End
+from mlxlaunch.server.streaming import (
+    CACHED_TOKENS_HEADER,
+    EventPump,
+    TrailingStreamingResponse,
+    _End,
+    cache_headers,
+)
 
 log = logging.getLogger("mlxlaunch.server")
 
 OUTPUT_EVENTS = (TextDelta, ThinkingDelta, ToolCallEvent)
+
+# Set when the engine lowered max_tokens to what fits in the context window: the new value.
+CLAMPED_HEADER = "x-mlx-max-tokens-clamped"
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 Handler = Callable[[Request], Awaitable[Response]]
@@ -83,6 +97,10 @@ class ServerSettings:
     auth_token: str | None = None
     heartbeat_s: float = 5.0
     admission_grace_s: float = 2.0
+    # Security (server/guards.py, SECURITY.md): beyond loopback only when allowed, with a token.
+    allow_remote: bool = False
+    allowed_origins: tuple[str, ...] = ()  # browser origins allowed to call (none by default)
+    limits: HttpLimits = field(default_factory=HttpLimits)
 
 
 class ApiError(Exception):
@@ -131,9 +149,11 @@ async def parse_body(request: Request, model: type[ModelT]) -> ModelT:
     """Read and validate a JSON body; any problem is a 400 naming the field."""
     raw_bytes = await request.body()
     try:
-        raw = json.loads(raw_bytes)
+        raw = load_request_json(raw_bytes)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ApiError("invalid_request_error", f"request body is not valid JSON: {exc}") from exc
+    except RequestLimitError as exc:
+        raise ApiError("invalid_request_error", str(exc)) from exc
     if not isinstance(raw, dict):
         raise ApiError("invalid_request_error", "request body must be a JSON object")
     try:
@@ -155,7 +175,9 @@ class MessagesApi:
     async def messages(self, request: Request) -> Response:
         body = await parse_body(request, MessagesRequest)
         message_id = new_message_id()
-        gen = to_generation_request(body, request_id=message_id)
+        gen = to_generation_request(
+            body, request_id=message_id, accepts_images=self._accepts_images()
+        )
         blocks = ContentBlockStream(
             message_id=message_id,
             model=body.model,
@@ -165,24 +187,34 @@ class MessagesApi:
         record = RequestLog(message_id, body.model, time.monotonic())
         try:
             pump = EventPump(self.engine.submit(gen))
-            wait = self.settings.admission_grace_s if body.stream else self.settings.heartbeat_s
+            # Non-streaming answers carry errors as statuses at any time: no need to wait here.
+            wait = self.settings.admission_grace_s if body.stream else 0.0
             first = await pump.next(wait)
         except Exception as exc:
             error = engine_error(exc)
             record.finish(error.status)
             raise error from exc
         if body.stream:
-            return StreamingResponse(
+            return TrailingStreamingResponse(
                 self._stream(pump, first, blocks, record),
                 media_type="text/event-stream",
-                headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+                headers={
+                    "cache-control": "no-cache",
+                    "x-accel-buffering": "no",
+                    **clamp_headers(first),
+                    **cache_headers(first),
+                },
+                trailers=lambda: cached_trailer(blocks),
+                trailer_names=(CACHED_TOKENS_HEADER,),
             )
         return await self._complete(request, pump, first, blocks, record)
 
     async def count_tokens(self, request: Request) -> Response:
         body = await parse_body(request, CountTokensRequest)
         try:
-            count = await self.engine.count_tokens(to_generation_request(body))
+            count = await self.engine.count_tokens(
+                to_generation_request(body, accepts_images=self._accepts_images())
+            )
         except Exception as exc:
             raise engine_error(exc) from exc
         return JSONResponse(CountTokensResponse(input_tokens=count).model_dump())
@@ -213,14 +245,15 @@ class MessagesApi:
         record: RequestLog,
     ) -> Response:
         """Non-streaming: run the same state machine, answer with the message it built."""
+        # Nothing is sent until the end, so only the receive side tells that the client left.
+        watcher = asyncio.create_task(self._cancel_on_disconnect(request, blocks.message.id))
+        headers: dict[str, str] = {}
         try:
             while not isinstance(event, _End):
-                if event is None:
-                    if await request.is_disconnected():
-                        self.engine.cancel(blocks.message.id)
-                        raise ApiError("api_error", "client disconnected")
-                else:
+                if event is not None:
                     record.observe(event)
+                    headers.update(clamp_headers(event))
+                    headers.update(cache_headers(event))
                     blocks.feed(event)
                 if blocks.finished:
                     break
@@ -232,10 +265,21 @@ class MessagesApi:
             record.finish(error.status)
             raise error from exc
         finally:
+            watcher.cancel()
             await pump.aclose()
-        record.finish(200)
+        record.finish(499 if watcher.done() and not watcher.cancelled() else 200)
         # serialize_as_any: keeps the opt-in `usage.mlx_timings` (a Usage subclass) in the body.
-        return JSONResponse(blocks.message.model_dump(mode="json", serialize_as_any=True))
+        body = blocks.message.model_dump(mode="json", serialize_as_any=True)
+        return JSONResponse(body, headers=headers)
+
+    async def _cancel_on_disconnect(self, request: Request, request_id: str) -> None:
+        """Cancel `request_id` in the engine as soon as the client disconnects."""
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                log.info("%s: client disconnected; cancelling", request_id)
+                self.engine.cancel(request_id)
+                return
 
     async def _stream(
         self,
@@ -281,12 +325,28 @@ class MessagesApi:
 
     # --- helpers ---------------------------------------------------------------------------
 
+    def _accepts_images(self) -> bool:
+        info = self.engine.model_info
+        return bool(info is not None and info.vision)
+
     def _loaded_model_id(self) -> str:
         info = self.engine.model_info
         return info.id if info is not None else "unloaded"
 
     def _model_entry(self, model_id: str) -> ModelEntry:
         return ModelEntry(id=model_id, display_name=model_id, created_at=self.created_at)
+
+
+def cached_trailer(blocks: ContentBlockStream) -> dict[str, str]:
+    """The X-Cached-Tokens trailer, from the usage the stream reported."""
+    return {CACHED_TOKENS_HEADER: str(blocks.message.usage.cache_read_input_tokens or 0)}
+
+
+def clamp_headers(event: EngineEvent | _End | None) -> dict[str, str]:
+    """The clamp header for an Admitted event whose max_tokens was lowered to fit."""
+    if isinstance(event, Admitted) and event.clamped:
+        return {CLAMPED_HEADER: str(event.max_tokens)}
+    return {}
 
 
 class RequestLog:
@@ -399,6 +459,12 @@ def build_app(engine: ServingEngine, settings: ServerSettings | None = None) -> 
         HTTPException: _http_exception,
         Exception: _unexpected,
     }
-    app = Starlette(routes=routes, exception_handlers=handlers)
+    guard = Middleware(
+        RequestGuard,
+        host=settings.host,
+        allowed_origins=settings.allowed_origins,
+        limits=settings.limits,
+    )
+    app = Starlette(routes=routes, exception_handlers=handlers, middleware=[guard])
     app.state.api = api
     return app

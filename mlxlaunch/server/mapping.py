@@ -7,10 +7,12 @@ reasoning); this module is the only place that knows both vocabularies.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from mlxlaunch.engine.types import (
     ChatMessage,
     GenerationRequest,
+    InvalidRequest,
     RequestKind,
     Sampling,
     ToolCallRecord,
@@ -39,6 +41,12 @@ from mlxlaunch.protocol.requests import (
 
 BILLING_HEADER_PREFIX = "x-anthropic-billing-header:"
 BLOCK_SEPARATOR = "\n\n"
+# Chat templates have no field for a failed tool call; the result text says so instead.
+TOOL_ERROR_MARK = "[tool error]"
+# Session-title requests: characters allowed in an unbounded title string, and the output cap
+# that always leaves room for them (4 tokens per character at worst, plus the JSON around).
+TITLE_MAX_CHARS = 60
+TITLE_MAX_TOKENS = 4 * TITLE_MAX_CHARS + 16
 
 # Markers of Claude Code's main-agent system prompt (interactive CLI and `-p`/SDK mode).
 # Only used to label requests in stats; a wrong guess changes nothing else.
@@ -51,12 +59,26 @@ _CLAUDE_CODE_MARKERS = ("Claude Code", "Claude Agent SDK")
 
 
 def to_generation_request(
-    req: MessagesRequest | CountTokensRequest, *, request_id: str = ""
+    req: MessagesRequest | CountTokensRequest,
+    *,
+    request_id: str = "",
+    accepts_images: bool = False,
 ) -> GenerationRequest:
     """Map a validated request body to the engine's request.
 
     A count_tokens body has no `max_tokens`; it maps with `max_tokens=1` (only the prompt counts).
+
+    Args:
+        req: the validated body.
+        request_id: the engine request id (the response's `msg_…` id).
+        accepts_images: the loaded model is a vision model; otherwise image blocks are a 400.
+
+    Raises:
+        InvalidRequest: the conversation is inconsistent (a tool_result for an unknown call, a
+            call left without its result) or holds images the model cannot read.
     """
+    if not accepts_images:
+        _refuse_images(req.messages)
     system_text = system_prompt(req.system or [])
     messages: list[ChatMessage] = []
     if system_text:
@@ -75,6 +97,8 @@ def to_generation_request(
     ]
     response_format = req.response_format
     thinking_on, budget = thinking_settings(req)
+    kind = request_kind(req, system_text)
+    schema = dict(response_format.json_schema) if response_format else None
 
     if isinstance(req, MessagesRequest):
         max_tokens = req.max_tokens
@@ -86,6 +110,11 @@ def to_generation_request(
         )
     else:
         max_tokens, stop_sequences, sampling = 1, [], Sampling()
+    if kind == "title" and schema is not None:
+        # A title is a side request the user waits on: answer it short and without thinking.
+        thinking_on, budget = False, None
+        max_tokens = min(max_tokens, TITLE_MAX_TOKENS)
+        schema = bounded_strings(schema, TITLE_MAX_CHARS)
 
     return GenerationRequest(
         messages=messages,
@@ -96,9 +125,9 @@ def to_generation_request(
         thinking=thinking_on,
         thinking_budget=budget,
         stop_sequences=stop_sequences,
-        response_schema=dict(response_format.json_schema) if response_format else None,
+        response_schema=schema,
         request_id=request_id,
-        kind=request_kind(req, system_text),
+        kind=kind,
         model_alias=req.model,
     )
 
@@ -117,12 +146,13 @@ def conversation(turns: Iterable[InputMessage]) -> list[ChatMessage]:
     message; thinking blocks become the assistant's `reasoning`; `system` turns stay in place
     (consecutive ones merge) and are never folded into the top-level system prompt.
     """
-    tool_names: dict[str, str] = {}
+    calls = _OpenCalls()
     out: list[ChatMessage] = []
     for turn in turns:
         if turn.role == "assistant":
+            calls.check_all_answered()
             message = _assistant_message(turn)
-            tool_names.update((call.id, call.name) for call in message.tool_calls)
+            calls.open(message.tool_calls)
             out.append(message)
         elif turn.role == "system":
             text = BLOCK_SEPARATOR.join(b.text for b in turn.content if isinstance(b, TextBlock))
@@ -131,8 +161,49 @@ def conversation(turns: Iterable[InputMessage]) -> list[ChatMessage]:
             else:
                 out.append(ChatMessage(role="system", content=text))
         else:
-            out.extend(_user_messages(turn, tool_names))
+            out.extend(_user_messages(turn, calls))
     return out
+
+
+class _OpenCalls:
+    """The tool calls of the latest assistant turn, and which of them have a result yet.
+
+    Results are paired with calls by id and rendered in the order the assistant issued the
+    calls (templates and models expect that order, whatever order the client sent them in).
+    """
+
+    def __init__(self) -> None:
+        self._calls: list[ToolCallRecord] = []
+        self._answered: set[str] = set()
+
+    def open(self, calls: list[ToolCallRecord]) -> None:
+        self._calls = list(calls)
+        self._answered = set()
+
+    def answer(self, block: ToolResultBlock) -> tuple[int, ToolCallRecord]:
+        """(position of the call, the call) that `block` answers."""
+        for position, call in enumerate(self._calls):
+            if call.id == block.tool_use_id:
+                if call.id in self._answered:
+                    raise InvalidRequest(
+                        f"tool_result for tool_use_id {call.id!r} appears more than once"
+                    )
+                self._answered.add(call.id)
+                return position, call
+        raise InvalidRequest(
+            f"tool_result block names tool_use_id {block.tool_use_id!r}, which does not match "
+            "any tool_use block of the previous assistant message"
+        )
+
+    def check_all_answered(self) -> None:
+        """Before the next assistant turn, every call must have its result."""
+        missing = [c.id for c in self._calls if c.id not in self._answered]
+        if missing:
+            raise InvalidRequest(
+                "tool_use ids were found without tool_result blocks immediately after: "
+                + ", ".join(missing)
+                + ". Each tool_use block must have a corresponding tool_result block"
+            )
 
 
 def _assistant_message(turn: InputMessage) -> ChatMessage:
@@ -158,44 +229,80 @@ def _assistant_message(turn: InputMessage) -> ChatMessage:
     )
 
 
-def _user_messages(turn: InputMessage, tool_names: dict[str, str]) -> list[ChatMessage]:
-    """A user turn: runs of text become user messages; each tool_result a tool message."""
-    out: list[ChatMessage] = []
-    pending_text: list[str] = []
-
-    def flush_text() -> None:
-        if pending_text:
-            out.append(ChatMessage(role="user", content=BLOCK_SEPARATOR.join(pending_text)))
-            pending_text.clear()
-
+def _user_messages(turn: InputMessage, calls: _OpenCalls) -> list[ChatMessage]:
+    """A user turn: its tool results as tool messages, in the order the calls were issued,
+    then its text (and documents) as one user message."""
+    results: list[tuple[int, ChatMessage]] = []
+    texts: list[str] = []
     for block in turn.content:
         if isinstance(block, ToolResultBlock):
-            flush_text()
-            out.append(
-                ChatMessage(
-                    role="tool",
-                    content=tool_result_text(block.content),
-                    tool_call_id=block.tool_use_id,
-                    name=tool_names.get(block.tool_use_id),
-                    is_error=block.is_error,
+            position, call = calls.answer(block)
+            text = tool_result_text(block.content)
+            results.append(
+                (
+                    position,
+                    ChatMessage(
+                        role="tool",
+                        content=f"{TOOL_ERROR_MARK}\n{text}" if block.is_error else text,
+                        tool_call_id=call.id,
+                        name=call.name,
+                        is_error=block.is_error,
+                    ),
                 )
             )
         elif isinstance(block, TextBlock):
-            pending_text.append(block.text)
+            texts.append(block.text)
         elif isinstance(block, ImageBlock | DocumentBlock):
-            pending_text.append(_media_placeholder(block))
+            texts.append(_media_placeholder(block))
         # thinking blocks in a user turn carry nothing the model should see
-    flush_text()
-    if not out:
-        out.append(ChatMessage(role="user", content=""))
+    out = [message for _, message in sorted(results, key=lambda item: item[0])]
+    if texts or not out:
+        out.append(ChatMessage(role="user", content=BLOCK_SEPARATOR.join(texts)))
     return out
 
 
 def tool_result_text(parts: Sequence[ToolResultPart]) -> str:
-    """The text a tool returned (text parts joined; media as placeholders)."""
+    """The text a tool returned (text parts joined; media as placeholders).
+
+    Images inside a tool result become a placeholder rather than a 400: a tool (Claude Code's
+    Read on a picture) chose to return one, and refusing would wedge the whole conversation,
+    since every later request carries the same result.
+    """
     return BLOCK_SEPARATOR.join(
         p.text if isinstance(p, TextBlock) else _media_placeholder(p) for p in parts
     )
+
+
+def _refuse_images(turns: Iterable[InputMessage]) -> None:
+    for index, turn in enumerate(turns):
+        if any(isinstance(block, ImageBlock) for block in turn.content):
+            raise InvalidRequest(
+                f"messages.{index}: this model does not accept images (image blocks need a "
+                "vision model)"
+            )
+
+
+def bounded_strings(schema: dict[str, Any], max_chars: int) -> dict[str, Any]:
+    """A copy of an object schema whose free-form string properties get a `maxLength`.
+
+    Why: Claude Code's title schema is `{title: string}` with no bound. A grammar cannot close
+    the JSON by itself when the token budget runs low, so a model that never ends its string
+    (any weak or random model) would hit max_tokens with invalid JSON. With at most
+    `max_chars` characters, the JSON fits in the capped `max_tokens` (TITLE_MAX_TOKENS allows
+    four tokens per character, the worst case of byte-level tokenizers).
+    """
+    properties = schema.get("properties")
+    if not isinstance(properties, dict):
+        return schema
+    bounded: dict[str, Any] = {}
+    for name, spec in properties.items():
+        free = (
+            isinstance(spec, dict)
+            and spec.get("type") == "string"
+            and not {"maxLength", "enum", "const", "pattern", "format"} & spec.keys()
+        )
+        bounded[name] = {**spec, "maxLength": max_chars} if free else spec
+    return {**schema, "properties": bounded}
 
 
 def _media_placeholder(block: object) -> str:

@@ -16,6 +16,8 @@ import uvicorn
 
 from mlxlaunch.errors import ConfigError
 from mlxlaunch.server.app import ServerSettings, ServingEngine, build_app
+from mlxlaunch.server.connections import head_deadline_protocol
+from mlxlaunch.server.guards import check_exposure
 from mlxlaunch.server.stats_routes import close_streams
 
 _START_TIMEOUT_S = 30.0
@@ -82,6 +84,10 @@ def start_server(
 ) -> ServerHandle:
     """Serve `engine` on `settings.host:settings.port` from a background thread."""
     settings = settings or ServerSettings()
+    check_exposure(
+        settings.host, auth_token=settings.auth_token, allow_remote=settings.allow_remote
+    )
+    limits = settings.limits
     sock = bind_socket(settings.host, settings.port)
     config = uvicorn.Config(
         build_app(engine, settings),
@@ -92,6 +98,11 @@ def start_server(
         timeout_graceful_shutdown=5,
         # `ping` frames keep streams alive; idle keep-alive connections may linger a while.
         timeout_keep_alive=75,
+        # Bounds on what a client can hold (server/guards.py has the per-request ones).
+        http=head_deadline_protocol(limits.header_timeout_s),
+        h11_max_incomplete_event_size=limits.max_header_bytes,
+        limit_concurrency=limits.max_connections,
+        server_header=False,
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(

@@ -2,17 +2,20 @@
 
 `EventPump.next(timeout)` waits for the next engine event without cancelling the pending read
 when the deadline passes (cancelling it would cancel the request inside the engine).
+`TrailingStreamingResponse` and `cache_headers` report prefix-cache reuse in HTTP headers.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Final
 
 import anyio
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
-from mlxlaunch.engine.types import EngineEvent
+from mlxlaunch.engine.types import Admitted, EngineEvent
 
 
 class _End:
@@ -62,3 +65,62 @@ class EventPump:
             aclose = getattr(self._events, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+
+# Prefix-cache reuse, visible without parsing bodies (see PROTOCOL.md).
+CACHED_TOKENS_HEADER = "x-cached-tokens"
+SESSION_CACHE_HEADER = "x-session-cache"
+TRAILERS_EXTENSION = "http.response.trailers"
+
+
+def cache_headers(event: EngineEvent | _End | None) -> dict[str, str]:
+    """X-Cached-Tokens and X-Session-Cache (fresh | prefix_hit) for an Admitted event.
+
+    The engine fixes a request's reused prefix at admission, so these are final values.
+    """
+    if isinstance(event, Admitted):
+        hit = "prefix_hit" if event.cached_tokens > 0 else "fresh"
+        return {CACHED_TOKENS_HEADER: str(event.cached_tokens), SESSION_CACHE_HEADER: hit}
+    return {}
+
+
+class TrailingStreamingResponse(StreamingResponse):
+    """A streaming response that announces trailers (`Trailer:`) and sends them at the end.
+
+    Trailers go out only where the ASGI server offers the `http.response.trailers` extension:
+    uvicorn (0.54) does for HTTP/2 but not for HTTP/1.1, where clients see the announcement
+    only — the same figure is in the stream's `message_start` usage and, when the request was
+    admitted before the response started, in the headers.
+    """
+
+    def __init__(
+        self,
+        content: AsyncIterator[bytes],
+        *,
+        trailers: Callable[[], dict[str, str]],
+        trailer_names: tuple[str, ...],
+        headers: dict[str, str],
+        media_type: str,
+    ) -> None:
+        super().__init__(
+            content, headers={**headers, "trailer": ", ".join(trailer_names)}, media_type=media_type
+        )
+        self._trailers = trailers
+        self._send_trailers = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self._send_trailers = TRAILERS_EXTENSION in (scope.get("extensions") or {})
+        await super().__call__(scope, receive, send)
+
+    async def stream_response(self, send: Send) -> None:
+        if not self._send_trailers:
+            await super().stream_response(send)
+            return
+        start = {"type": "http.response.start", "status": self.status_code}
+        await send({**start, "headers": self.raw_headers, "trailers": True})
+        async for chunk in self.body_iterator:
+            body = chunk if isinstance(chunk, bytes | memoryview) else chunk.encode(self.charset)
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        trailers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in self._trailers().items()]
+        await send({"type": TRAILERS_EXTENSION, "headers": trailers, "more_trailers": False})

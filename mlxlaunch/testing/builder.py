@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
@@ -22,6 +22,11 @@ CONTEXT_WINDOW = 40960
 # Learned BPE entries (added tokens come on top). 8k keeps Claude Code's ~20k-token system
 # prompt and tools near 13k tokens; 16k gains only ~10% more and the corpus runs out of merges.
 BPE_VOCAB_SIZE = 8192
+# Random projections at mlx's default scale leave the residual stream dominated by the input
+# embedding, so greedy decoding settles on one token ("\n\n") whatever the prompt. Scaling
+# them up lets attention and the MLP steer the output: greedy text varies with the context,
+# which tests of exact cache reuse need to be meaningful.
+PROJECTION_SCALE = 4.0
 
 
 @dataclass(frozen=True)
@@ -99,7 +104,11 @@ def build_model(path: Path, size: str = "tiny", *, template: str = "qwen", seed:
 
     mx.random.seed(seed)
     model = qwen3.Model(qwen3.ModelArgs.from_dict(config))
-    weights = dict(tree_flatten(model.parameters()))
+    parameters = cast(list[tuple[str, mx.array]], tree_flatten(model.parameters()))
+    weights = {
+        name: value * PROJECTION_SCALE if name.endswith("proj.weight") else value
+        for name, value in parameters
+    }
     mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
     (path / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     return path

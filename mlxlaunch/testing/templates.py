@@ -4,6 +4,10 @@ Each family pairs a Jinja chat template with the added tokens its syntax needs, 
 model speaks one real tool-call dialect that mlx-lm recognises (it infers the tool parser
 from the template text). Add a family by dropping a ``<name>.jinja`` file next to this
 module and registering a :class:`TemplateFamily` in :data:`TEMPLATE_FAMILIES`.
+
+Most families share ChatML turns (``_chatml_base.jinja``); their own file only defines the
+think markers and two macros, ``tool_call(name, arguments)`` (history rendering) and
+``tool_instructions()``, and carries the markers from which mlx-lm infers the tool parser.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ class TemplateFamily:
         eos_token: the token that ends an assistant turn.
         pad_token: padding token for the tokenizer config.
         tool_parser: the mlx-lm tool parser this template should make mlx-lm infer.
+        base_file: a shared template appended after ``template_file`` (None: standalone).
     """
 
     name: str
@@ -46,6 +51,7 @@ class TemplateFamily:
     eos_token: str
     pad_token: str
     tool_parser: str
+    base_file: str | None = None
 
     @property
     def added_tokens(self) -> tuple[str, ...]:
@@ -54,7 +60,10 @@ class TemplateFamily:
 
     def chat_template(self) -> str:
         """The Jinja template text."""
-        return _read_template(self.template_file)
+        text = _read_template(self.template_file)
+        if self.base_file is not None:
+            text += _read_template(self.base_file)
+        return text
 
 
 @cache
@@ -83,6 +92,65 @@ TEMPLATE_FAMILIES: dict[str, TemplateFamily] = {
         tool_parser="qwen3_coder",
     ),
 }
+
+THINK_TOKENS = ("<think>", "</think>")
+CHATML_BASE = "_chatml_base.jinja"
+
+# Tool-syntax families on shared ChatML turns: name -> markup tokens beyond the think tags.
+# The name is both the template file's stem and the mlx-lm parser it makes mlx-lm infer.
+_SYNTAX_FAMILIES: dict[str, tuple[str, ...]] = {
+    "mistral": ("[TOOL_CALLS]", "[ARGS]"),
+    "glm47": (
+        "<tool_call>",
+        "</tool_call>",
+        "<arg_key>",
+        "</arg_key>",
+        "<arg_value>",
+        "</arg_value>",
+    ),
+    "kimi_k2": (
+        "<|tool_calls_section_begin|>",
+        "<|tool_calls_section_end|>",
+        "<|tool_call_begin|>",
+        "<|tool_call_argument_begin|>",
+        "<|tool_call_end|>",
+    ),
+    "minimax_m2": ("<minimax:tool_call>", "</minimax:tool_call>"),
+    "pythonic": ("<|tool_call_start|>", "<|tool_call_end|>"),
+    "longcat": (
+        "<longcat_tool_call>",
+        "</longcat_tool_call>",
+        "<longcat_arg_key>",
+        "</longcat_arg_key>",
+        "<longcat_arg_value>",
+        "</longcat_arg_value>",
+    ),
+    "minicpm5": (),  # its start marker `<function name=` is plain text in its tokenizer too
+    "muse_spark": ("<atem:function_calls>", "</atem:function_calls>"),
+    "function_gemma": ("<start_function_call>", "<end_function_call>", "<escape>"),
+}
+for _name, _markup in _SYNTAX_FAMILIES.items():
+    TEMPLATE_FAMILIES[_name] = TemplateFamily(
+        name=_name,
+        template_file=f"{_name}.jinja",
+        control_tokens=QWEN_CONTROL_TOKENS,
+        markup_tokens=THINK_TOKENS + _markup,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        tool_parser=_name,
+        base_file=CHATML_BASE,
+    )
+# Gemma 4 thinks in a channel (`<|channel>thought ... <channel|>`), not in <think> tags.
+TEMPLATE_FAMILIES["gemma4"] = TemplateFamily(
+    name="gemma4",
+    template_file="gemma4.jinja",
+    control_tokens=QWEN_CONTROL_TOKENS,
+    markup_tokens=("<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", '<|"|>'),
+    eos_token="<|im_end|>",
+    pad_token="<|endoftext|>",
+    tool_parser="gemma4",
+    base_file=CHATML_BASE,
+)
 
 
 def template_family(name: str) -> TemplateFamily:

@@ -1,0 +1,45 @@
+"""Prefix-cache options shared by `mlx serve` and `mlx launch claude`.
+
+Sizes are checked while parsing, so a bad value fails before a model loads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from mlxlaunch.engine.cache_settings import DEFAULT_CACHE_DISK, cache_config, parse_size
+
+__all__ = ["DEFAULT_CACHE_DISK", "cache_config"]
+
+
+def _size(value: str | None) -> str | None:
+    if value is not None and value.strip().lower() != "auto":
+        try:
+            parse_size(value)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from exc
+    return value
+
+
+CacheMemoryOption = Annotated[
+    str,
+    typer.Option(
+        callback=_size,
+        help="Memory for cached prompt prefixes, e.g. 8G (auto: a quarter of RAM, at most "
+        "8G; 0: no prefix cache).",
+    ),
+]
+CacheDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        help="Directory for prefixes saved across restarts (default: under the user cache dir).",
+        show_default=False,
+    ),
+]
+CacheDiskOption = Annotated[
+    str,
+    typer.Option(callback=_size, help="Disk budget of --cache-dir (0: keep nothing on disk)."),
+]

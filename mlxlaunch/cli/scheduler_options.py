@@ -1,0 +1,53 @@
+"""Engine scheduling options shared by `mlx serve` and `mlx launch claude`.
+
+Kept free of MLX imports so the CLI starts fast; durations are checked while parsing, so a bad
+value fails before a model loads.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from mlxlaunch.engine.sweeper import parse_duration
+from mlxlaunch.engine.tuning import engine_tuning
+
+__all__ = ["engine_tuning"]
+
+DEFAULT_IDLE_CLEAR = "30s"
+DEFAULT_MEMORY_FRACTION = 0.85
+
+
+def _duration(value: str | None) -> str | None:
+    if value is not None:
+        try:
+            parse_duration(value)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from exc
+    return value
+
+
+MaxConcurrencyOption = Annotated[
+    int | None, typer.Option(min=1, help="Requests decoded together (default: 4 CPU, 8 GPU).")
+]
+IdleClearOption = Annotated[
+    str,
+    typer.Option(
+        callback=_duration,
+        help="Clear MLX's buffer cache after this long without requests (e.g. 30s, never).",
+    ),
+]
+KeepAliveOption = Annotated[
+    str | None,
+    typer.Option(
+        callback=_duration,
+        help="Unload the model after this long without requests; it reloads on the next "
+        "one (e.g. 30m; 0: at once; default: stay loaded).",
+        show_default=False,
+    ),
+]
+MemoryFractionOption = Annotated[
+    float,
+    typer.Option(min=0.05, max=1.0, help="Share of RAM MLX may use (its memory limit)."),
+]

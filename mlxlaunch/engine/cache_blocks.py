@@ -1,0 +1,228 @@
+"""KV caches of many prompts in one trie of token blocks, least-recently-used under a byte budget.
+
+A path from the root spells a token sequence in blocks of `block_tokens`; each node holds the
+keys and values of its block for every layer. Prompts that share a prefix (Claude Code's system
+prompt and tools, a conversation and its next turn) share the nodes of that prefix, so it is
+stored once. A node with fewer tokens than a block (a sequence's tail) is always a leaf; it is
+dropped when a full block that starts with the same tokens arrives.
+
+Keys at a position depend only on the tokens up to it, so the first `n` tokens of any block are
+valid for a request that agrees with those `n` tokens: reuse is token-exact, not block-rounded.
+
+Every method runs on the engine's MLX thread. Arrays stored here are private copies: a batch
+that is handed a cache built from them never writes into them.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+
+DEFAULT_BLOCK_TOKENS = 256
+
+LayerKV = tuple[mx.array, mx.array]  # (keys, values), each (1, heads, tokens, head_dim)
+
+
+@dataclass(eq=False)
+class _Node:
+    tokens: tuple[int, ...]
+    layers: list[LayerKV]
+    parent: _Node | None
+    nbytes: int = 0
+    last_used: int = 0
+    priority: int = 0  # evicted after every lower-priority block, whatever their ages
+    children: dict[tuple[int, ...], _Node] = field(default_factory=dict)
+
+
+def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def is_block_cacheable(caches: Sequence[Any]) -> bool:
+    """Whether a model's cache can live in the trie: plain full-attention KV in every layer."""
+    return bool(caches) and all(type(c) is KVCache for c in caches)
+
+
+class BlockTrie:
+    """Token-block trie of KV caches with LRU eviction under `budget_bytes`."""
+
+    def __init__(self, budget_bytes: int, block_tokens: int = DEFAULT_BLOCK_TOKENS) -> None:
+        if block_tokens < 1:
+            raise ValueError("block_tokens must be at least 1")
+        self.budget_bytes = budget_bytes
+        self.block_tokens = block_tokens
+        self._root = _Node((), [], None)
+        self._tick = 0
+        self.nbytes = 0
+        self.blocks = 0
+        self.evictions = 0
+
+    # --- lookups ------------------------------------------------------------------------
+
+    def match(self, tokens: Sequence[int]) -> int:
+        """How many leading tokens of `tokens` have KV here."""
+        _, length = self._walk(tokens)
+        return length
+
+    def fetch(self, tokens: Sequence[int], length: int) -> list[KVCache]:
+        """Fresh per-layer caches holding exactly the first `length` tokens' KV.
+
+        `length` must not exceed `match(tokens)`. The blocks used become most recent.
+        """
+        path, available = self._walk(tokens)
+        if length > available:
+            raise ValueError(f"only {available} tokens are cached, not {length}")
+        self._tick += 1
+        pieces: list[list[LayerKV]] = []
+        taken = 0
+        for node in path:
+            if taken >= length:
+                break
+            node.last_used = self._tick
+            take = min(len(node.tokens), length - taken)
+            pieces.append(node.layers if take == len(node.tokens) else _slice(node.layers, 0, take))
+            taken += take
+        caches = []
+        for layer in range(len(pieces[0]) if pieces else 0):
+            cache = KVCache()
+            cache.keys = mx.concatenate([p[layer][0] for p in pieces], axis=2)
+            cache.values = mx.concatenate([p[layer][1] for p in pieces], axis=2)
+            cache.offset = length
+            caches.append(cache)
+        return caches
+
+    def _walk(self, tokens: Sequence[int]) -> tuple[list[_Node], int]:
+        """Nodes along the longest match (the last may match only partly) and its length."""
+        size = self.block_tokens
+        node, pos, path = self._root, 0, []
+        while True:
+            block = tuple(tokens[pos : pos + size])
+            child = node.children.get(block) if len(block) == size else None
+            if child is not None:
+                path.append(child)
+                node, pos = child, pos + size
+                continue
+            best, best_len = None, 0
+            for candidate in node.children.values():
+                common = _common_length(candidate.tokens, block)
+                if common > best_len:
+                    best, best_len = candidate, common
+            if best is not None:
+                path.append(best)
+            return path, pos + best_len
+
+    # --- storing ------------------------------------------------------------------------
+
+    def store(self, tokens: Sequence[int], caches: Sequence[KVCache], priority: int = 0) -> int:
+        """Keep the KV of `tokens` (caches hold at least that many positions); returns the
+        number of new tokens stored. Blocks already present are only marked as used.
+
+        Blocks on the path take at least `priority`: the main conversation stores with a
+        higher one than side requests, so titles and subagents are evicted before it.
+        """
+        n = min(len(tokens), *(c.offset for c in caches)) if caches else 0
+        size = self.block_tokens
+        self._tick += 1
+        node, pos, added = self._root, 0, 0
+        fresh: list[mx.array] = []
+        while pos < n:
+            block = tuple(tokens[pos : min(pos + size, n)])
+            child = node.children.get(block)
+            # A tail: nothing to add when a longer sibling already starts with it.
+            if (
+                child is None
+                and len(block) < size
+                and any(c.tokens[: len(block)] == block for c in node.children.values())
+            ):
+                break
+            if child is None:
+                layers = [_copy(c, pos, pos + len(block)) for c in caches]
+                fresh.extend(a for kv in layers for a in kv)
+                child = _Node(
+                    block, layers, node, nbytes=sum(k.nbytes + v.nbytes for k, v in layers)
+                )
+                self._drop_covered_tails(node, block)
+                node.children[block] = child
+                self.nbytes += child.nbytes
+                self.blocks += 1
+                added += len(block)
+            child.last_used = self._tick
+            child.priority = max(child.priority, priority)
+            node, pos = child, pos + len(block)
+        if fresh:
+            mx.eval(fresh)  # copy now: the batch's buffers must not stay referenced
+        self.evict()
+        return added
+
+    def _drop_covered_tails(self, parent: _Node, block: tuple[int, ...]) -> None:
+        for key, sibling in list(parent.children.items()):
+            if len(key) < len(block) and block[: len(key)] == key and not sibling.children:
+                self._remove(sibling)
+
+    # --- eviction -----------------------------------------------------------------------
+
+    def evict(self, budget_bytes: int | None = None) -> None:
+        """Drop least-recently-used leaves until the trie fits `budget_bytes` (default: its own).
+
+        Order: lower priority first, then least recently used. A node is used (and raised)
+        whenever a descendant is, so a parent never goes before its children: evicting leaves
+        in that order (a parent joins once it becomes a leaf) drops whole cold branches before
+        any block of a warm one.
+        """
+        budget = self.budget_bytes if budget_bytes is None else budget_bytes
+        if self.nbytes <= budget:
+            return
+        heap = [(leaf.priority, leaf.last_used, id(leaf), leaf) for leaf in self._leaves()]
+        heapq.heapify(heap)
+        while heap and self.nbytes > budget:
+            *_, leaf = heapq.heappop(heap)
+            parent = leaf.parent
+            self._remove(leaf)
+            self.evictions += 1
+            if parent is not None and parent is not self._root and not parent.children:
+                heapq.heappush(heap, (parent.priority, parent.last_used, id(parent), parent))
+
+    def clear(self) -> None:
+        """Forget everything."""
+        self._root = _Node((), [], None)
+        self.nbytes = 0
+        self.blocks = 0
+
+    def _leaves(self) -> list[_Node]:
+        found, stack = [], list(self._root.children.values())
+        while stack:
+            node = stack.pop()
+            if node.children:
+                stack.extend(node.children.values())
+            else:
+                found.append(node)
+        return found
+
+    def _remove(self, node: _Node) -> None:
+        parent = node.parent
+        if parent is not None and parent.children.get(node.tokens) is node:
+            del parent.children[node.tokens]
+            self.nbytes -= node.nbytes
+            self.blocks -= 1
+
+
+def _slice(layers: list[LayerKV], start: int, stop: int) -> list[LayerKV]:
+    return [(k[..., start:stop, :], v[..., start:stop, :]) for k, v in layers]
+
+
+def _copy(cache: KVCache, start: int, stop: int) -> LayerKV:
+    # contiguous() copies a slice into its own buffer, so evicting this block frees memory and
+    # the source (a finished request's cache) is not kept alive by a view.
+    assert cache.keys is not None and cache.values is not None
+    keys = mx.contiguous(cache.keys[..., start:stop, :])
+    values = mx.contiguous(cache.values[..., start:stop, :])
+    return keys, values

@@ -1,0 +1,152 @@
+"""What shapes one request's decoding: grammar constraints and the thinking budget.
+
+`plan_decoding` runs at submit time, on the caller's side of the engine, so a schema or tool
+choice that cannot be honoured is refused (InvalidRequest, a 400) before the request is admitted.
+The resulting `DecodingPlan` is kept on the job; the worker asks it for fresh logits processors
+when the sequence joins the batch (processors hold per-sequence state and are never shared).
+
+Which constraint applies, in order:
+1. `tool_choice` any / tool: the output is a tool call (of that tool) in the model's own markup;
+2. a response schema (`output_config.format`): the text is one JSON value matching it;
+3. `tool_choice` auto with `strict` tools: free text, but calls of strict tools match their
+   schema (skipped, not refused, when the model's tool syntax has no grammar: strict is a
+   guarantee we can only give for the families `constrain_tools` covers).
+The thinking budget applies on top of any of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+from mlxlaunch.engine.constrain import GrammarConstraint, JsonConstraint
+from mlxlaunch.engine.constrain_tools import supported_families, tool_call_constraint
+from mlxlaunch.engine.thinking import ThinkingBudget
+from mlxlaunch.engine.types import GenerationRequest, InvalidRequest, ModelInfo
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BudgetSpec:
+    """A thinking budget and the marker token ids it watches."""
+
+    budget: int
+    start_ids: tuple[int, ...]
+    end_ids: tuple[int, ...]
+    starts_inside: bool
+
+
+@dataclass(frozen=True)
+class DecodingPlan:
+    """The per-request decoding rules; `processors()` instantiates them for one sequence."""
+
+    constraint: GrammarConstraint | None = None
+    thinking_budget: BudgetSpec | None = None
+
+    def processors(self) -> list[Any]:
+        """Fresh mlx-lm logits processors for one sequence (budget first, then grammar)."""
+        out: list[Any] = []
+        spec = self.thinking_budget
+        if spec is not None:
+            out.append(
+                ThinkingBudget(spec.budget, spec.start_ids, spec.end_ids, inside=spec.starts_inside)
+            )
+        if self.constraint is not None:
+            out.append(self.constraint.logits_processor())
+        return out
+
+    @property
+    def constrained(self) -> bool:
+        return self.constraint is not None
+
+
+NO_PLAN = DecodingPlan()
+
+
+def needs_plan(request: GenerationRequest) -> bool:
+    """Whether `request` asks for anything `plan_decoding` would build (cheap to check)."""
+    return (
+        request.tool_choice.mode in ("any", "tool")
+        or request.response_schema is not None
+        or any(t.strict for t in request.tools)
+        or (request.thinking and request.thinking_budget is not None)
+    )
+
+
+def plan_decoding(
+    request: GenerationRequest,
+    *,
+    opens_thinking: bool,
+    tokenizer: TokenizerWrapper,
+    info: ModelInfo,
+    lock: threading.Lock | None = None,
+) -> DecodingPlan:
+    """Build (and compile) the decoding rules of `request`.
+
+    Args:
+        request: the engine request.
+        opens_thinking: the rendered prompt ends inside an open think span.
+        tokenizer: the loaded model's tokenizer (grammars compile against it).
+        info: the loaded model's facts (tool syntax, think markers).
+        lock: held around tokenizer use (the engine's tokenizer lock).
+
+    Raises:
+        InvalidRequest: a schema that cannot be compiled, or a forced tool choice the model's
+            tool syntax cannot be constrained to.
+    """
+    with lock or contextlib.nullcontext():
+        try:
+            constraint = _constraint(request, opens_thinking, tokenizer, info)
+        except ValueError as exc:  # grammar construction rejects what the client sent
+            raise InvalidRequest(f"cannot constrain output: {exc}") from exc
+        return DecodingPlan(
+            constraint=constraint,
+            thinking_budget=_budget(request, opens_thinking, tokenizer, info),
+        )
+
+
+def _constraint(
+    request: GenerationRequest,
+    opens_thinking: bool,
+    tokenizer: TokenizerWrapper,
+    info: ModelInfo,
+) -> GrammarConstraint | None:
+    think_end = info.think_end if opens_thinking else None
+    choice = request.tool_choice
+    family = info.tool_format or ""
+    if choice.mode in ("any", "tool"):
+        return tool_call_constraint(
+            tokenizer, request.tools, choice, family=family, think_end=think_end
+        )
+    if request.response_schema is not None:
+        return JsonConstraint.from_schema(tokenizer, request.response_schema, think_end=think_end)
+    if choice.mode == "auto" and any(t.strict for t in request.tools):
+        if family not in supported_families():
+            log.info("strict tools not enforced: no tool-call grammar for %r", family)
+            return None
+        return tool_call_constraint(
+            tokenizer, request.tools, choice, family=family, think_end=think_end
+        )
+    return None
+
+
+def _budget(
+    request: GenerationRequest,
+    opens_thinking: bool,
+    tokenizer: TokenizerWrapper,
+    info: ModelInfo,
+) -> BudgetSpec | None:
+    budget = request.thinking_budget
+    if not request.thinking or budget is None or not (info.think_start and info.think_end):
+        return None
+    start = tuple(tokenizer.encode(info.think_start, add_special_tokens=False))
+    end = tuple(tokenizer.encode(info.think_end, add_special_tokens=False))
+    if not start or not end:
+        return None
+    return BudgetSpec(max(1, budget), start, end, opens_thinking)

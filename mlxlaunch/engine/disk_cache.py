@@ -1,0 +1,276 @@
+"""The prefix cache's disk tier: reused prefixes saved for later server processes.
+
+One entry is two files in `<cache dir>/<model identity>/`: `<key>.safetensors` (the per-layer
+cache, in mlx-lm's prompt-cache format) and `<key>.json` (format, model identity, the token
+sequence, the data file's size and SHA-256). The JSON is written last, so an entry without one
+was never finished. Both files are written under temporary names and renamed into place.
+
+An entry is loaded only when its checksum, size, model identity and token count all agree;
+anything else — a truncated or corrupt file, another model's entry, an unknown format — is
+removed and treated as a miss, never loaded. The directory's total size is kept under a budget
+by removing the least recently used entries (a use touches the JSON file's mtime, so the order
+survives restarts and is shared by processes using the same directory).
+
+Loading and saving run on the engine's MLX thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx_lm
+import numpy as np
+from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
+
+from mlxlaunch.engine.cache_miss import common_prefix
+
+FORMAT = 1
+DATA_SUFFIX = ".safetensors"
+META_SUFFIX = ".json"
+TMP_PREFIX = ".tmp-"
+# Saved prompts are the user's data: files and the directories made for them are private.
+PRIVATE_FILE = 0o600
+PRIVATE_DIR = 0o700
+# Temporary files older than this are leftovers of a crashed writer.
+STALE_TMP_S = 3600.0
+
+log = logging.getLogger(__name__)
+
+
+def model_identity(model_path: str | Path, cache_classes: Sequence[str]) -> str:
+    """A digest naming the model's weights and cache layout: equal digests mean equal KV.
+
+    Content-based (config text, weight file names and sizes, cache classes, mlx-lm version),
+    so the same model found at another path still matches and a re-quantized one does not.
+    """
+    digest = hashlib.sha256(f"format={FORMAT};mlx_lm={mlx_lm.__version__}".encode())
+    root = Path(model_path)
+    config = root / "config.json"
+    if config.is_file():
+        digest.update(config.read_bytes())
+    for weights in sorted(root.glob("*.safetensors")):
+        digest.update(f"{weights.name}:{weights.stat().st_size};".encode())
+    digest.update(",".join(cache_classes).encode())
+    return digest.hexdigest()[:24]
+
+
+def tokens_key(tokens: Sequence[int]) -> str:
+    """File name stem for a token sequence."""
+    return hashlib.sha256(np.asarray(tokens, dtype=np.int64).tobytes()).hexdigest()[:32]
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f"{TMP_PREFIX}{path.name}-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _private_dir(path: Path) -> None:
+    """Create `path` (and missing parents) readable by this user only: prompts are private."""
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    path.mkdir(parents=True, exist_ok=True)
+    for created in missing:
+        with contextlib.suppress(OSError):
+            created.chmod(PRIVATE_DIR)
+
+
+@dataclass
+class DiskEntry:
+    """One saved prefix, as the index knows it."""
+
+    key: str
+    tokens: np.ndarray
+    nbytes: int
+    sha256: str
+    used_at: float
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+class DiskCache:
+    """Saved prefixes of one model under `root`, with LRU removal beyond `budget_bytes`."""
+
+    def __init__(self, root: Path, identity: str, budget_bytes: int) -> None:
+        self.root = Path(root)
+        self.identity = identity
+        self.budget_bytes = budget_bytes
+        self.dir = self.root / identity
+        self.saves = 0
+        self.loads = 0
+        self.rejected = 0
+        self._entries: dict[str, DiskEntry] = {}
+        self.scan()
+
+    # --- index --------------------------------------------------------------------------
+
+    def scan(self) -> None:
+        """(Re)read the index from the directory, removing unfinished and foreign entries."""
+        self._entries.clear()
+        if not self.dir.is_dir():
+            return
+        now = time.time()
+        for path in self.dir.iterdir():
+            if path.name.startswith(TMP_PREFIX):
+                with contextlib.suppress(OSError):
+                    if now - path.stat().st_mtime > STALE_TMP_S:
+                        path.unlink()
+                continue
+            if path.suffix == META_SUFFIX:
+                entry = self._read_meta(path)
+                if entry is not None:
+                    self._entries[entry.key] = entry
+        for path in self.dir.glob(f"*{DATA_SUFFIX}"):  # data that no JSON vouches for
+            if path.stem not in self._entries and now - path.stat().st_mtime > STALE_TMP_S:
+                path.unlink(missing_ok=True)
+
+    def _read_meta(self, path: Path) -> DiskEntry | None:
+        key = path.stem
+        try:
+            meta = json.loads(path.read_text(encoding="utf-8"))
+            data = self.dir / f"{key}{DATA_SUFFIX}"
+            valid = (
+                meta.get("format") == FORMAT
+                and meta.get("model") == self.identity
+                and isinstance(meta.get("tokens"), list)
+                and tokens_key(meta["tokens"]) == key
+                and data.is_file()
+                and data.stat().st_size == meta.get("bytes")
+            )
+            if valid:
+                tokens = np.asarray(meta["tokens"], dtype=np.int64)
+                return DiskEntry(
+                    key, tokens, int(meta["bytes"]), str(meta["sha256"]), path.stat().st_mtime
+                )
+        except (OSError, ValueError, TypeError, KeyError):
+            pass
+        self._remove(key)
+        return None
+
+    @property
+    def entries(self) -> list[DiskEntry]:
+        return list(self._entries.values())
+
+    @property
+    def nbytes(self) -> int:
+        return sum(e.nbytes for e in self._entries.values())
+
+    def best(self, tokens: Sequence[int]) -> tuple[DiskEntry | None, int]:
+        """The entry sharing the longest prefix with `tokens`, and that length."""
+        request = np.asarray(tokens, dtype=np.int64)
+        best, best_len = None, 0
+        for entry in self._entries.values():
+            common = common_prefix(request, entry.tokens)
+            if common > best_len:
+                best, best_len = entry, common
+        return best, best_len
+
+    def recent(self, count: int) -> list[DiskEntry]:
+        """The `count` most recently used entries, newest first."""
+        return sorted(self._entries.values(), key=lambda e: e.used_at, reverse=True)[:count]
+
+    # --- data ---------------------------------------------------------------------------
+
+    def save(self, tokens: Sequence[int], caches: list[Any]) -> DiskEntry | None:
+        """Write an entry for `caches` (holding exactly `tokens`); None if it could not be."""
+        key = tokens_key(tokens)
+        if key in self._entries:
+            self.touch(self._entries[key])
+            return self._entries[key]
+        try:
+            _private_dir(self.dir)
+            tmp = self.dir / f"{TMP_PREFIX}{key}-{os.getpid()}{DATA_SUFFIX}"
+            about = {"model": self.identity, "tokens": str(len(tokens))}
+            save_prompt_cache(str(tmp), caches, about)
+            tmp.chmod(PRIVATE_FILE)
+            size, checksum = tmp.stat().st_size, _sha256(tmp)
+            os.replace(tmp, self.dir / f"{key}{DATA_SUFFIX}")
+            meta = {
+                "format": FORMAT,
+                "model": self.identity,
+                "tokens": [int(t) for t in tokens],
+                "bytes": size,
+                "sha256": checksum,
+                "saved_at": time.time(),
+            }
+            _write_atomically(self.dir / f"{key}{META_SUFFIX}", json.dumps(meta))
+        except OSError as exc:  # a full or read-only disk costs reuse, not the request
+            log.warning("prefix cache: could not save to %s: %s", self.dir, exc)
+            with contextlib.suppress(OSError, UnboundLocalError):
+                tmp.unlink(missing_ok=True)
+            return None
+        entry = DiskEntry(key, np.asarray(tokens, dtype=np.int64), size, checksum, time.time())
+        self._entries[key] = entry
+        self.saves += 1
+        self.enforce_budget()
+        return entry if key in self._entries else None
+
+    def load(self, entry: DiskEntry) -> list[Any] | None:
+        """The entry's caches, verified; a bad entry is removed and None returned."""
+        data = self.dir / f"{entry.key}{DATA_SUFFIX}"
+        try:
+            if data.stat().st_size != entry.nbytes or _sha256(data) != entry.sha256:
+                raise ValueError("checksum mismatch")
+            caches, meta = load_prompt_cache(str(data), return_metadata=True)
+            if meta.get("model") != self.identity or meta.get("tokens") != str(len(entry)):
+                raise ValueError("written for another model or prefix")
+        except Exception as exc:  # whatever is wrong with the file, it must not be used
+            log.warning("prefix cache: ignoring %s (%s)", data.name, exc)
+            self.rejected += 1
+            self._remove(entry.key)
+            return None
+        self.loads += 1
+        self.touch(entry)
+        return list(caches)
+
+    def touch(self, entry: DiskEntry) -> None:
+        """Mark an entry as just used (its JSON's mtime orders eviction across processes)."""
+        entry.used_at = time.time()
+        with contextlib.suppress(OSError):
+            os.utime(self.dir / f"{entry.key}{META_SUFFIX}")
+
+    def enforce_budget(self) -> None:
+        """Remove least recently used entries, of any model under `root`, beyond the budget."""
+        found: list[tuple[float, int, Path]] = []
+        for meta in self.root.glob(f"*/*{META_SUFFIX}"):
+            if meta.name.startswith(TMP_PREFIX):
+                continue
+            data = meta.with_suffix(DATA_SUFFIX)
+            with contextlib.suppress(OSError):
+                found.append((meta.stat().st_mtime, data.stat().st_size, meta))
+        total = sum(size for _, size, _ in found)
+        for _, size, meta in sorted(found):
+            if total <= self.budget_bytes:
+                break
+            if meta.parent == self.dir:
+                self._remove(meta.stem)
+            else:
+                meta.unlink(missing_ok=True)
+                meta.with_suffix(DATA_SUFFIX).unlink(missing_ok=True)
+            total -= size
+
+    def _remove(self, key: str) -> None:
+        self._entries.pop(key, None)
+        # The JSON first: without it the entry no longer exists for any reader.
+        for suffix in (META_SUFFIX, DATA_SUFFIX):
+            with contextlib.suppress(OSError):
+                (self.dir / f"{key}{suffix}").unlink()

@@ -1,0 +1,126 @@
+"""MLX memory limits from the machine, and a per-request memory check.
+
+The engine sets MLX's memory limit to a share of RAM (and, on Apple silicon, the wired limit
+so the weights stay resident), keeps the buffer cache to a part of it, and refuses to start a
+request whose KV cache alone could never fit in what the weights leave free — that request
+fails by itself with a clear message instead of taking the whole batch down with an
+allocation failure.
+
+Runs on the worker thread (it calls MLX).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+from mlxlaunch.engine.types import GenerationFailed
+
+# Share of the memory limit the buffer cache (freed buffers kept for reuse) may hold.
+CACHE_SHARE = 0.25
+GIB = 1024**3
+
+
+def total_ram_bytes() -> int:
+    """Physical memory of this machine (0 if the OS does not say)."""
+    info = mx.device_info()
+    size = info.get("memory_size")
+    if isinstance(size, int) and size > 0:
+        return size
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+@dataclass(frozen=True)
+class MemoryLimits:
+    """What was set: bytes MLX may use, may cache, and keep wired (0: not set)."""
+
+    limit: int
+    cache: int
+    wired: int
+
+
+def apply_memory_limits(fraction: float) -> MemoryLimits:
+    """Set MLX's memory, cache and (where the device has one) wired limits from RAM."""
+    ram = total_ram_bytes()
+    if ram <= 0:
+        return MemoryLimits(0, 0, 0)
+    limit = int(ram * fraction)
+    mx.set_memory_limit(limit)
+    cache = int(limit * CACHE_SHARE)
+    mx.set_cache_limit(cache)
+    wired = 0
+    recommended = mx.device_info().get("max_recommended_working_set_size")
+    if isinstance(recommended, int) and recommended > 0:  # Apple silicon (Metal)
+        wired = min(limit, recommended)
+        mx.set_wired_limit(wired)
+    return MemoryLimits(limit, cache, wired)
+
+
+def _dtype_bytes(model: Any) -> int:
+    """Bytes per value of the model's activations (its first floating-point parameter)."""
+    for item in tree_flatten(model.parameters()):
+        value = item[1] if isinstance(item, tuple) else item
+        if isinstance(value, mx.array) and mx.issubdtype(value.dtype, mx.floating):
+            return int(value.dtype.size)
+    return 2
+
+
+def kv_bytes_per_token(model: Any) -> int:
+    """Estimated KV-cache bytes one token of context costs (0 when the model is unusual).
+
+    Counts the model's plain KV caches (keys and values: kv_heads × head_dim each); other
+    cache kinds (sliding windows, state-space layers) are bounded, so they are left out.
+    """
+    args = getattr(model, "args", None)
+    if args is None:
+        return 0
+    heads = getattr(args, "num_attention_heads", None)
+    kv_heads = getattr(args, "num_key_value_heads", None) or heads
+    head_dim = getattr(args, "head_dim", None)
+    if head_dim is None and heads:
+        hidden = getattr(args, "hidden_size", None)
+        head_dim = hidden // heads if hidden else None
+    if not kv_heads or not head_dim:
+        return 0
+    layers = sum(isinstance(c, KVCache) for c in make_prompt_cache(model))
+    return int(layers * 2 * kv_heads * head_dim * _dtype_bytes(model))
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """How much KV cache a request may need: the limit minus what the weights hold."""
+
+    limit: int  # bytes MLX may use (0: unknown, nothing is checked)
+    weights: int  # bytes in use right after loading
+    per_token: int  # KV bytes per token of context
+
+    @property
+    def free_for_kv(self) -> int:
+        return max(0, self.limit - self.weights)
+
+    def check(self, context_tokens: int) -> None:
+        """Raise GenerationFailed if `context_tokens` of KV could never fit."""
+        if self.limit <= 0 or self.per_token <= 0:
+            return
+        needed = context_tokens * self.per_token
+        if needed > self.free_for_kv:
+            raise GenerationFailed(
+                f"not enough memory for this request: its {context_tokens:,} tokens of "
+                f"context need about {_size(needed)} of KV cache, but only "
+                f"{_size(self.free_for_kv)} is left under the memory limit "
+                "(lower max_tokens, shorten the prompt, or raise --memory-fraction)"
+            )
+
+
+def _size(n: int) -> str:
+    if n >= GIB:
+        return f"{n / GIB:.2f} GiB"
+    return f"{n / 1024**2:.1f} MiB"

@@ -1,0 +1,251 @@
+"""The prefix cache: each request prefills only what no earlier request already computed.
+
+The worker asks `plan(tokens)` at admission and gets the longest reusable prefix and a private
+cache holding exactly that many tokens' KV; when a request ends it hands its cache back to
+`retain`. In memory the KV lives in a trie of token blocks (`cache_blocks`), or, for models
+whose caches cannot be cut at any position, as whole snapshots (`cache_snapshots`); both are
+least-recently-used under one byte budget, so side requests (titles, subagents) only evict the
+main conversation when the budget is truly full.
+
+Prefixes that get reused are also written to disk (`disk_cache`) while the engine is idle, and
+a new process restores the most recent ones when it loads the model, so the first turn of a new
+session does not pay the cold prefill of Claude Code's system prompt and tools again.
+
+Every method runs on the engine's MLX thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import mlx.nn as nn
+from mlx_lm.models.cache import make_prompt_cache
+
+from mlxlaunch.engine.cache_blocks import DEFAULT_BLOCK_TOKENS, BlockTrie, is_block_cacheable
+from mlxlaunch.engine.cache_miss import Decode, MissTracker
+from mlxlaunch.engine.cache_snapshots import SnapshotStore
+from mlxlaunch.engine.config import EngineConfig, default_cache_memory
+from mlxlaunch.engine.disk_cache import DiskCache, model_identity
+from mlxlaunch.engine.stats import CacheFigures
+
+# Eviction priority of the main conversation's blocks (side requests store with 0).
+MAIN_PRIORITY = 1
+# Reused prefixes shorter than this are not worth a file.
+MIN_DISK_TOKENS = 256
+# A disk entry is loaded only when it adds at least this many tokens to what memory has.
+MIN_DISK_GAIN = 32
+
+SNAPSHOT_WARNING = (
+    "this model's cache cannot be trimmed (sliding-window or linear-attention layers): "
+    "prefixes are reused only where a snapshot was taken, at the end of earlier prompts"
+)
+
+log = logging.getLogger(__name__)
+
+
+class KVStore(Protocol):
+    """What the in-memory tiers have in common."""
+
+    budget_bytes: int
+    nbytes: int
+    evictions: int
+
+    @property
+    def blocks(self) -> int: ...
+
+    def match(self, tokens: Sequence[int]) -> int: ...
+
+    def fetch(self, tokens: Sequence[int], length: int) -> list[Any]: ...
+
+    def store(self, tokens: Sequence[int], caches: Sequence[Any], priority: int = 0) -> int: ...
+
+    def clear(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class CacheSettings:
+    """Budgets and places of the prefix cache.
+
+    Args:
+        memory_bytes: in-memory budget (0 turns the cache off).
+        disk_dir: where reused prefixes are saved (None: no disk tier).
+        disk_bytes: budget of the whole `disk_dir`.
+        block_tokens: tokens per trie block.
+        restore: how many of the model's most recent disk entries a new process loads.
+    """
+
+    memory_bytes: int
+    disk_dir: Path | None = None
+    disk_bytes: int = 0
+    block_tokens: int = DEFAULT_BLOCK_TOKENS
+    restore: int = 4
+
+
+@dataclass(frozen=True)
+class CachePlan:
+    """How a request starts: `cached_tokens` of its prompt already in `caches` (None: fresh)."""
+
+    cached_tokens: int
+    caches: list[Any] | None
+
+
+class PrefixCache:
+    """Cross-request KV reuse for one loaded model."""
+
+    def __init__(
+        self, model: nn.Module, model_path: str, settings: CacheSettings, decode: Decode
+    ) -> None:
+        self.settings = settings
+        template = make_prompt_cache(model)
+        self.exact = not is_block_cacheable(template)
+        self.memory: KVStore = (
+            SnapshotStore(settings.memory_bytes)
+            if self.exact
+            else BlockTrie(settings.memory_bytes, settings.block_tokens)
+        )
+        self.warning = SNAPSHOT_WARNING if self.exact else None
+        self.disk: DiskCache | None = None
+        if settings.disk_dir is not None and settings.disk_bytes > 0 and self.enabled:
+            identity = model_identity(model_path, [type(c).__name__ for c in template])
+            try:
+                self.disk = DiskCache(settings.disk_dir, identity, settings.disk_bytes)
+            except OSError as exc:
+                log.warning("prefix cache: disk tier off (%s)", exc)
+        self.misses = MissTracker(decode)
+        self._pending_saves: list[tuple[int, ...]] = []
+        self.lookups = 0
+        self.hits = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.settings.memory_bytes > 0
+
+    # --- requests -----------------------------------------------------------------------
+
+    def plan(self, tokens: Sequence[int], *, request_id: str = "", kind: str = "") -> CachePlan:
+        """The longest reusable prefix of `tokens` and a private cache holding it.
+
+        At least one token is always left to prefill: the generator needs the last prompt
+        token's logits, so a full hit is trimmed back by one.
+        """
+        if not self.enabled or len(tokens) < 2:
+            return CachePlan(0, None)
+        self.lookups += 1
+        limit = len(tokens) - 1
+        found = min(self.memory.match(tokens), limit)
+        if self.disk is not None:
+            found = max(found, self._load_from_disk(tokens, found, limit))
+        self.misses.observe(tokens, cached_tokens=found, request_id=request_id, kind=kind)
+        if found == 0:
+            return CachePlan(0, None)
+        caches = self.memory.fetch(tokens, found)
+        self.hits += 1
+        self._consider_saving(tokens[:found])
+        return CachePlan(found, caches)
+
+    def retain(self, tokens: Sequence[int], caches: Sequence[Any], *, main: bool = False) -> None:
+        """Keep a finished (or prefilled) request's cache, which holds exactly `tokens`.
+
+        `main`: the request belongs to the main conversation, whose prefix side requests
+        (titles, subagents, background calls) must not evict.
+        """
+        if not self.enabled or not tokens or not caches:
+            return
+        try:
+            self.memory.store(tokens, caches, MAIN_PRIORITY if main else 0)
+        except Exception:  # a cache we cannot keep costs reuse, never the request
+            log.exception("prefix cache: could not keep a request's cache")
+
+    # --- disk ---------------------------------------------------------------------------
+
+    def _load_from_disk(self, tokens: Sequence[int], in_memory: int, limit: int) -> int:
+        assert self.disk is not None
+        entry, shared = self.disk.best(tokens)
+        if entry is None:
+            return 0
+        if self.exact and (shared < len(entry) or len(entry) > limit):
+            return 0  # a snapshot serves only requests that continue all of it
+        if min(shared, limit) - in_memory < MIN_DISK_GAIN:
+            return 0
+        caches = self.disk.load(entry)
+        if caches is None:
+            return 0
+        self.retain([int(t) for t in entry.tokens], caches, main=True)
+        return min(self.memory.match(tokens), limit)
+
+    def _consider_saving(self, prefix: Sequence[int]) -> None:
+        # Save what was reused, unless disk already holds most of it: a growing conversation
+        # would otherwise rewrite a slightly longer copy of itself after every turn.
+        if self.disk is None or len(prefix) < MIN_DISK_TOKENS:
+            return
+        _, on_disk = self.disk.best(prefix)
+        if on_disk * 2 < len(prefix):
+            key = tuple(prefix)
+            if key not in self._pending_saves:
+                self._pending_saves.append(key)
+
+    def save_pending(self) -> int:
+        """Write queued prefixes to disk (call when idle); returns how many were written."""
+        written = 0
+        while self._pending_saves and self.disk is not None:
+            tokens = self._pending_saves.pop(0)
+            if self.memory.match(tokens) < len(tokens):
+                continue  # evicted meanwhile
+            try:
+                caches = self.memory.fetch(tokens, len(tokens))
+                if self.disk.save(tokens, caches) is not None:
+                    written += 1
+            except Exception:
+                log.exception("prefix cache: could not save a prefix")
+        return written
+
+    def restore(self) -> int:
+        """Load this model's most recently used disk entries into memory (warm start)."""
+        if self.disk is None:
+            return 0
+        restored = 0
+        for entry in self.disk.recent(self.settings.restore):
+            if self.memory.nbytes + entry.nbytes > self.memory.budget_bytes:
+                continue
+            caches = self.disk.load(entry)
+            if caches is not None:
+                self.retain([int(t) for t in entry.tokens], caches, main=True)
+                restored += 1
+        return restored
+
+    # --- stats --------------------------------------------------------------------------
+
+    def figures(self) -> CacheFigures:
+        """The cache's current figures."""
+        last = self.misses.last
+        return CacheFigures(
+            bytes=self.memory.nbytes,
+            budget_bytes=self.memory.budget_bytes,
+            blocks=self.memory.blocks,
+            evictions=self.memory.evictions,
+            lookups=self.lookups,
+            hits=self.hits,
+            disk_bytes=self.disk.nbytes if self.disk is not None else 0,
+            disk_entries=len(self.disk.entries) if self.disk is not None else 0,
+            disk_loads=self.disk.loads if self.disk is not None else 0,
+            disk_saves=self.disk.saves if self.disk is not None else 0,
+            disk_rejected=self.disk.rejected if self.disk is not None else 0,
+            warning=self.warning,
+            last_miss=last.as_dict() if last is not None else None,
+        )
+
+
+def cache_settings(config: EngineConfig) -> CacheSettings:
+    """The prefix cache's settings from the engine's configuration."""
+    memory = config.cache_memory_bytes
+    return CacheSettings(
+        memory_bytes=default_cache_memory() if memory is None else memory,
+        disk_dir=config.cache_dir,
+        disk_bytes=config.cache_disk_bytes,
+        block_tokens=config.cache_block_tokens,
+        restore=config.cache_restore,
+    )
