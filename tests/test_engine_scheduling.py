@@ -310,4 +310,7 @@ async def test_batching_does_not_change_the_logits(make_engine: Callable[..., En
         alone, together = probes[r.request_id]
         # Each has 12 steps, plus the look-ahead step the generator may start before it stops.
         assert len(alone.steps) >= 12 and len(together.steps) >= 12
-        assert together.steps[:12] == pytest.approx(alone.steps[:12], rel=1e-4)
+        # Flattened: pytest.approx compares nested tuples exactly, not approximately; an
+        # optimised BLAS may sum in another order for a batch, so allow float rounding.
+        flat = [x for step in together.steps[:12] for x in step]
+        assert flat == pytest.approx([x for step in alone.steps[:12] for x in step], rel=1e-4)
