@@ -8,7 +8,7 @@ _mlx() {
     done
     case "${path# }" in
         "") words="bench config dash doctor launch models serve --version --debug --help" ;;
-        "bench") words="--model -m --quick --url --auth-token --peer --no-peer --turns --tool-result-chars --decode-tokens --runs --concurrency --out --help" ;;
+        "bench") words="--model -m --quick --url --auth-token --peer --no-peer --turns --tool-result-chars --decode-tokens --runs --concurrency --concurrency-prompt-tokens --concurrency-tokens --restart --no-restart --max-concurrency --out --help" ;;
         "config") words="get set show unset --help" ;;
         "config get") words="--help" ;;
         "config set") words="--help" ;;

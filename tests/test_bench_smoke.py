@@ -1,5 +1,6 @@
 """`mlx bench --quick --model tiny` end to end: both real servers, every workload, the JSON and
-the chart. Checks that the output is complete, never how fast anything was."""
+the chart, the restart of both servers as new processes. Checks that the output is complete,
+never how fast anything was."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ WORKLOAD_FIELDS = {"agent_session", "new_session", "concurrency", "decode", "pre
 TIMING_FIELDS = {"ttft_s", "total_s", "prompt_tokens", "cached_tokens", "output_tokens"}
 
 
-def test_quick_bench_prints_the_table_and_writes_a_complete_report(tmp_path: Path, tiny_model_dir):
+def test_quick_bench_prints_the_table_and_writes_a_complete_report(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
     out = tmp_path / "results"
     command = [
         sys.executable, "-c", "from mlxlaunch.cli.main import entry; entry()",
@@ -52,12 +55,37 @@ def test_quick_bench_prints_the_table_and_writes_a_complete_report(tmp_path: Pat
             assert timing["error"] is None and timing["ttft_s"] is not None
     levels = [c["streams"] for c in report["workloads"]["concurrency"]]
     assert levels == config["concurrency"]
-    assert (
-        len(report["workloads"]["prefill_floor"]) == 1 + config["turns"] + config["warm_sessions"]
-    )
+    floors = report["workloads"]["prefill_floor"]
+    assert len(floors) == 1 + config["turns"] + config["warm_sessions"] + 1
+    assert floors[-1]["label"] == "restart"
     assert {row["workload"].split(" ")[0] for row in report["summary"]} >= {
-        "agent-session", "new-session", "concurrency", "decode", "prefill",
+        "agent-session", "new-session", "restart", "concurrency", "decode", "prefill",
     }  # fmt: skip
+
+    # Restart: both servers came back as new processes; ours found the saved prefix.
+    restart = report["workloads"]["restart"]
+    assert restart.keys() == {"mlxlaunch", "mlx_lm.server"}
+    for timing in restart.values():
+        assert timing["error"] is None and timing["ttft_s"] is not None
+        assert timing["sent_s"] >= config["restart_wait_s"] and timing["ready_s"] > 0
+    assert restart["mlxlaunch"]["cached_tokens"] > 0.5 * restart["mlxlaunch"]["prompt_tokens"]
+    [restart_row] = [r for r in report["summary"] if r["metric"] == "new session TTFT"]
+    assert restart_row["limit"] == floors[-1]["seconds"] and restart_row["speedup"] is not None
+    assert "floor" in restart_row["notes"]["mlxlaunch"]
+
+    # Concurrency: wall time of every level on both servers, with prompts of the asked size.
+    walls = [r for r in report["summary"] if r["metric"] == "wall time, all streams"]
+    assert [r["workload"] for r in walls] == [f"concurrency {k}" for k in levels]
+    assert all(r["speedup"] is not None for r in walls)
+    for level in report["workloads"]["concurrency"]:
+        for run in level["results"].values():
+            assert len(run["streams"]) == level["streams"]
+            for stream in run["streams"]:
+                assert 0 < stream["output_tokens"] <= config["concurrency_tokens"]
+                assert 0.7 < stream["prompt_tokens"] / config["concurrency_prompt_tokens"] < 1.3
+
+    [table] = out.glob("*.md")
+    assert "| workload | metric | mlxlaunch | mlx_lm.server | ratio | limit |" in table.read_text()
 
     [chart] = out.glob("*.svg")
     assert ET.fromstring(chart.read_text()).tag.endswith("svg")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +19,7 @@ from mlxlaunch.bench.workloads import agent_session, first_turn, tool_result_tex
 PROMPT = claude_code_prompt()
 
 
-def test_shipped_prompt_matches_the_captured_request(fixtures_dir):
+def test_shipped_prompt_matches_the_captured_request(fixtures_dir: Path) -> None:
     captured = json.loads((fixtures_dir / "tool-result-request.json").read_text())["body"]
     blocks = [b["text"] for b in captured["system"] if "billing-header" not in b["text"]]
     assert PROMPT.system == "\n\n".join(blocks)
@@ -26,7 +28,7 @@ def test_shipped_prompt_matches_the_captured_request(fixtures_dir):
     assert "Primary working directory" in PROMPT.first_user  # environment turn folded in
 
 
-def test_quick_prompt_is_a_short_version_of_the_same():
+def test_quick_prompt_is_a_short_version_of_the_same() -> None:
     quick = claude_code_prompt(quick=True)
     assert PROMPT.system.startswith(quick.system)
     assert len(quick.system) < len(PROMPT.system) / 3
@@ -34,7 +36,7 @@ def test_quick_prompt_is_a_short_version_of_the_same():
 
 
 @pytest.mark.parametrize("turns", [1, 2, 5])
-def test_agent_session_grows_by_one_tool_round_trip_per_turn(turns):
+def test_agent_session_grows_by_one_tool_round_trip_per_turn(turns: int) -> None:
     session = agent_session(PROMPT, turns=turns, tool_result_chars=2500)
     assert len(session) == turns
     for number, conversation in enumerate(session, start=1):
@@ -50,20 +52,20 @@ def test_agent_session_grows_by_one_tool_round_trip_per_turn(turns):
         assert len(result.content) == 2500
 
 
-def test_sessions_differ_only_after_the_shared_prefix():
+def test_sessions_differ_only_after_the_shared_prefix() -> None:
     a, b = first_turn(PROMPT, "a"), first_turn(PROMPT, "b")
     assert (a.system, a.tools) == (b.system, b.tools)
     assert a.messages[0].content != b.messages[0].content
     assert a.messages[0].content.startswith(PROMPT.first_user)
 
 
-def test_tool_results_are_deterministic_and_sized():
+def test_tool_results_are_deterministic_and_sized() -> None:
     assert tool_result_text(3, 4000) == tool_result_text(3, 4000)
     assert tool_result_text(3, 4000) != tool_result_text(4, 4000)
     assert len(tool_result_text(7, 123)) == 123
 
 
-def test_anthropic_translation_carries_every_message_and_tool():
+def test_anthropic_translation_carries_every_message_and_tool() -> None:
     conversation = agent_session(PROMPT, turns=3, tool_result_chars=100)[-1]
     body = anthropic_body(conversation, max_tokens=7)
     assert body["stream"] is True and body["max_tokens"] == 7
@@ -80,7 +82,7 @@ def test_anthropic_translation_carries_every_message_and_tool():
     assert tool_use["input"] == conversation.messages[1].tool_calls[0].arguments
 
 
-def test_openai_translation_carries_the_same_conversation():
+def test_openai_translation_carries_the_same_conversation() -> None:
     conversation = agent_session(PROMPT, turns=3, tool_result_chars=100)[-1]
     body = openai_body(conversation, max_tokens=7)
     anthropic = anthropic_body(conversation, max_tokens=7)
@@ -103,21 +105,36 @@ def test_openai_translation_carries_the_same_conversation():
     assert messages[1]["content"] == anthropic["messages"][0]["content"]
 
 
-def test_chat_template_shape_keeps_arguments_as_objects():
+def test_chat_template_shape_keeps_arguments_as_objects() -> None:
     conversation = agent_session(PROMPT, turns=2, tool_result_chars=10)[-1]
     call = openai_messages(conversation, arguments_as_json=False)[2]["tool_calls"][0]
     assert isinstance(call["function"]["arguments"], dict)
 
 
-def test_plan_orders_floor_prompts_like_the_servers_see_them():
+def test_plan_orders_floor_prompts_like_the_servers_see_them() -> None:
     config = BenchConfig.create(quick=True, turns=4)
     plan = build_plan(config)
     labels = [label for label, _ in plan.floor_prompts()]
-    assert labels == ["cold", "turn 1", "turn 2", "turn 3", "turn 4", "warm 1"]
+    assert labels == ["cold", "turn 1", "turn 2", "turn 3", "turn 4", "warm 1", "restart"]
     assert len(plan.turns) == 4 and len(plan.warm) == config.warm_sessions
+    assert "restart" not in [label for label, _ in build_plan(replace(config, restart=False))
+                             .floor_prompts()]  # fmt: skip
 
 
-def test_config_overrides_and_validation():
+def test_concurrent_streams_have_prompts_of_their_own_of_the_asked_size() -> None:
+    config = BenchConfig.create(concurrency=(1, 4), concurrency_prompt_tokens=300)
+    assert (
+        BenchConfig().concurrency_tokens == 48 and BenchConfig().concurrency_prompt_tokens == 2000
+    )
+    plan = build_plan(config, chars_per_token=3.0)
+    assert sorted(plan.streams) == [1, 4] and len(plan.streams[4]) == 4
+    users = [c.messages[-1].content for level in plan.streams.values() for c in level]
+    assert len(set(users)) == 5  # nothing shared beyond the short system prompt
+    assert all(900 <= len(u) <= 1000 for u in users)  # 300 tokens × 3 characters, plus a line
+    assert build_plan(config, chars_per_token=3.0).streams == plan.streams  # deterministic
+
+
+def test_config_overrides_and_validation() -> None:
     assert BenchConfig.create(quick=True, turns=None).turns == BenchConfig.quick_defaults().turns
     assert BenchConfig.create(turns=9).turns == 9
     with pytest.raises(ValueError):

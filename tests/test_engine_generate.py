@@ -258,3 +258,20 @@ async def test_stats_count_completed_requests(engine: Engine) -> None:
         await asyncio.sleep(0.01)
     assert engine.stats().decode_tps > 0 and engine.stats().prefill_tps > 0
     assert engine.stats().memory_active_bytes > 0
+
+
+async def test_a_cut_inside_a_multibyte_character_leaves_no_replacement_char(
+    engine: Engine, scripted: ScriptedOutput, tiny_model_dir: Path
+) -> None:
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_model_dir)
+    ids = tokenizer.encode("ok 世界", add_special_tokens=False)
+    # Cut max_tokens right after a token that leaves a character incomplete.
+    cut = next(n for n in range(1, len(ids)) if "\ufffd" in tokenizer.decode(ids[:n]))
+    scripted.enqueue(tokens=ids)
+    events = await collect(engine.submit(request(max_tokens=cut)))
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    assert "\ufffd" not in text
+    assert text == tokenizer.decode(ids[:cut]).rstrip("\ufffd").rstrip()
+    assert events[-1].stop_reason == "max_tokens"

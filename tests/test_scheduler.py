@@ -8,6 +8,7 @@ output (ScriptedOutput) makes long, deterministic streams that do not end early 
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import json
 import math
@@ -434,6 +435,9 @@ async def test_a_request_too_big_for_memory_fails_alone(
 ) -> None:
     previous = mx.get_memory_limit()
     probe = serve(max_concurrency=2)
+    # Memory is process-wide: arrays of engines closed by earlier tests must not be freed
+    # in the middle of this measurement (that made `weights` negative).
+    gc.collect()
     before = mx.get_active_memory()
     await probe.engine.load()
     weights = mx.get_active_memory() - before

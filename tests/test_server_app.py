@@ -279,7 +279,12 @@ def test_models(served: Served) -> None:
     listing = served.client.models.list()
     assert len(listing.data) == 1
     info = served.engine.model_info
-    assert info is not None and listing.data[0].id == info.id
+    assert info is not None and listing.data[0].id == Path(info.id).name  # no local path
+    # The listed id is one the server accepts back as `model`.
+    again = served.client.messages.create(model=listing.data[0].id, max_tokens=2, messages=HI)
+    assert again.model == listing.data[0].id
+    health = httpx.get(served.server.url + "/health").json()  # no auth: reveals no path
+    assert health["model"] == listing.data[0].id and "/" not in health["model"]
     one = served.client.models.retrieve("claude-haiku-4-5-20251001")
     assert one.id == "claude-haiku-4-5-20251001"
 

@@ -24,7 +24,7 @@ from mlxlaunch.store import (
     read_facts,
     register_local,
     resolve_model,
-    running_models,
+    running_servers,
 )
 from mlxlaunch.store.verify import verify_model_dir
 
@@ -173,7 +173,7 @@ def test_rm_refuses_a_model_a_running_server_has_loaded(pulled: Path, home: Path
     import os
 
     _write_run_record(home, os.getpid(), pulled)
-    [server] = running_models()
+    [server] = running_servers()
     assert server.model_path == pulled
     assert "token" not in vars(server)  # the store's view never carries the secret
     with pytest.raises(ModelInUse, match="loaded by a running server"):
@@ -183,7 +183,7 @@ def test_rm_refuses_a_model_a_running_server_has_loaded(pulled: Path, home: Path
 
 def test_rm_ignores_records_of_dead_servers(pulled: Path, home: Path) -> None:
     _write_run_record(home, _dead_pid(), pulled)
-    assert running_models() == []
+    assert running_servers() == []
     execute_removal(plan_removal(TINY_REPO))
     assert list_models() == []
 

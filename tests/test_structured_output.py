@@ -180,8 +180,11 @@ def test_forced_tool_choice_always_yields_a_tool_call(
             tools=[SEARCH_TOOL, READ_TOOL],
             tool_choice=choice,
         )
-        assert message.stop_reason == "tool_use", message
         calls = [b for b in message.content if b.type == "tool_use"]
+        # A random model may keep adding parallel calls until max_tokens cuts the next one;
+        # the calls it completed are still there. With one call allowed it must end cleanly.
+        if choice.get("disable_parallel_tool_use") or message.stop_reason != "max_tokens":
+            assert message.stop_reason == "tool_use", message
         assert calls and all(b.type == "tool_use" for b in message.content)
         if choice.get("disable_parallel_tool_use"):
             assert len(calls) == 1

@@ -20,6 +20,12 @@ class BenchConfig:
         decode_runs: single-stream decode runs per server.
         concurrency: numbers of simultaneous streams.
         concurrency_tokens: tokens each concurrent stream generates.
+        concurrency_prompt_tokens: prompt size of each concurrent stream (about; every stream
+            has a prompt of its own, so nothing is shared between them).
+        restart: after the other workloads, restart each server as a new process (ours on the
+            same cache directory) and time a new session's first turn.
+        restart_wait_s: how long after starting the new process the request is sent (a user
+            typing), or when it is ready if that takes longer.
     """
 
     quick: bool = False
@@ -30,7 +36,10 @@ class BenchConfig:
     decode_tokens: int = 128
     decode_runs: int = 3
     concurrency: tuple[int, ...] = (1, 2, 4, 8)
-    concurrency_tokens: int = 64
+    concurrency_tokens: int = 48
+    concurrency_prompt_tokens: int = 2_000
+    restart: bool = True
+    restart_wait_s: float = 3.0
 
     @classmethod
     def create(cls, *, quick: bool = False, **overrides: Any) -> BenchConfig:
@@ -51,6 +60,7 @@ class BenchConfig:
             decode_runs=1,
             concurrency=(1, 2, 4, 8),
             concurrency_tokens=12,
+            concurrency_prompt_tokens=500,
         )
 
     def __post_init__(self) -> None:
@@ -58,8 +68,11 @@ class BenchConfig:
             raise ValueError("turns, decode_runs and warm_sessions must be at least 1")
         if not self.concurrency or min(self.concurrency) < 1:
             raise ValueError("concurrency levels must be positive")
-        if min(self.turn_max_tokens, self.decode_tokens, self.concurrency_tokens) < 1:
+        counts = (self.turn_max_tokens, self.decode_tokens, self.concurrency_tokens)
+        if min(*counts, self.concurrency_prompt_tokens) < 1:
             raise ValueError("token counts must be at least 1")
+        if self.restart_wait_s < 0:
+            raise ValueError("restart_wait_s must not be negative")
 
     def as_dict(self) -> dict[str, Any]:
         """For the JSON report."""

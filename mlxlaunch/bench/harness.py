@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import secrets
+import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from mlxlaunch.bench.clients import AnthropicTarget, OpenAITarget, Target
@@ -15,6 +18,7 @@ from mlxlaunch.bench.ours import OURS_NAME, LocalServer, start_local_server
 from mlxlaunch.bench.peer import PEER_NAME, PeerFailed, PeerServer
 from mlxlaunch.bench.plan import build_plan
 from mlxlaunch.bench.report import build_report
+from mlxlaunch.bench.restart import restart_both
 from mlxlaunch.bench.runner import (
     ProgressSink,
     SilentProgress,
@@ -39,6 +43,7 @@ class BenchOptions:
         auth_token: bearer token for `url`.
         peer: also run mlx-lm's own server.
         peer_timeout_s: how long the peer may take to load before it is left out.
+        max_concurrency: our server's batch width (None: the engine's default).
     """
 
     model_dir: str
@@ -48,6 +53,19 @@ class BenchOptions:
     auth_token: str | None = None
     peer: bool = True
     peer_timeout_s: float = 300.0
+    max_concurrency: int | None = None
+
+    def engine_options(self) -> dict[str, Any]:
+        """EngineConfig arguments for our server beyond the model."""
+        if self.max_concurrency is None:
+            return {}
+        return {"max_concurrency": self.max_concurrency}
+
+    def serve_args(self) -> tuple[str, ...]:
+        """The same settings as `mlx serve` flags (for the restarted server)."""
+        if self.max_concurrency is None:
+            return ()
+        return ("--max-concurrency", str(self.max_concurrency))
 
 
 @dataclass
@@ -68,20 +86,28 @@ async def run_benchmark(
 ) -> BenchOutcome:
     """Run every workload on our server and (unless disabled) mlx-lm's, alternating."""
     progress = progress or SilentProgress()
+    with tempfile.TemporaryDirectory(prefix="mlx-bench-cache-") as cache_dir:
+        return await _run(options, progress, Path(cache_dir))
+
+
+async def _run(options: BenchOptions, progress: ProgressSink, cache_dir: Path) -> BenchOutcome:
+    """The run, with `cache_dir` as our server's prefix-cache directory (fresh and empty, so
+    the cold figure is cold; the restarted server finds there what the first one saved)."""
     config = options.config
     started_at = datetime.now(UTC)
     start = time.perf_counter()
-    plan = build_plan(config)
     warnings: list[str] = []
     peer = PeerServer(options.model_dir) if options.peer else None
     local: LocalServer | None = None
     targets: list[Target] = []
     target_info: dict[str, dict[str, Any]] = {}
+    restart: dict[str, Any] = {}
     try:
         if peer:
             peer.start()  # loads in its own process while we load ours below
         progress.begin("loading the model in-process", 1)
         model = InProcessModel(options.model_dir, prefill_chunk=default_prefill_chunk())
+        plan = build_plan(config, chars_per_token=model.chars_per_token())
         progress.advance()
         if peer:
             progress.begin(f"waiting for {PEER_NAME}", 1)
@@ -102,7 +128,9 @@ async def run_benchmark(
             target_info[OURS_NAME] = {"kind": "url", "url": options.url}
         else:
             progress.begin(f"starting {OURS_NAME}", 1)
-            local = await start_local_server(options.model_dir)
+            local = await start_local_server(
+                options.model_dir, cache_dir=cache_dir, **options.engine_options()
+            )
             targets.append(AnthropicTarget(OURS_NAME, local.url, auth_token=local.auth_token))
             target_info[OURS_NAME] = local.describe()
             progress.advance()
@@ -112,6 +140,32 @@ async def run_benchmark(
                                       "command": peer.command()}  # fmt: skip
         progress.begin("servers, alternating", server_steps(config, len(targets)))
         servers = await measure_servers(targets, plan, config, progress)
+        if plan.restart is not None and (local or peer):
+            # Stop both first: each restarted server is measured alone on the machine, and
+            # ours writes its pending prefixes to the cache directory as it stops.
+            for target in targets:
+                await target.aclose()
+            targets = []
+            if local:
+                local.stop()
+            if peer:
+                peer.stop()
+            progress.begin("restarting the servers", 1)
+            restart, restart_warnings = await restart_both(
+                model_dir=options.model_dir,
+                cache_dir=cache_dir if local else None,
+                auth_token=secrets.token_hex(16),
+                peer=peer is not None,
+                conversation=plan.restart,
+                max_tokens=config.turn_max_tokens,
+                wait_s=config.restart_wait_s,
+                ready_timeout_s=options.peer_timeout_s,
+                serve_args=options.serve_args(),
+            )
+            warnings += restart_warnings
+            local = None  # stopped above (the peer's stop() is idempotent)
+            progress.advance()
+        servers["restart"] = restart
     finally:
         for target in targets:
             await target.aclose()
@@ -120,7 +174,7 @@ async def run_benchmark(
         if peer:
             peer.stop()
     rows = summary_rows(servers, limits)
-    peer_name = PEER_NAME if peer else None
+    peer_name = PEER_NAME if options.peer and PEER_NAME in servers["targets"] else None
     report = build_report(
         config=config.as_dict(),
         machine=describe_machine(),

@@ -19,7 +19,7 @@ from typing import Any, cast
 import mlx.core as mx
 
 from mlxlaunch.bench.wire import TEMPERATURE, openai_messages, openai_tools
-from mlxlaunch.bench.workloads import Conversation
+from mlxlaunch.bench.workloads import Conversation, tool_result_text
 
 
 @dataclass
@@ -140,6 +140,11 @@ class InProcessModel:
         ):
             sample.token_times.append(self._clock() - start)
         return sample
+
+    def chars_per_token(self) -> float:
+        """Characters per token of this tokenizer on the stream prompts' kind of text."""
+        sample = tool_result_text(0, 20_000)
+        return len(sample) / max(1, len(self.tokenizer.encode(sample, add_special_tokens=False)))
 
     def close(self) -> None:
         """Drop the weights and MLX's buffer cache before the servers start."""

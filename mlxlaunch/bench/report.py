@@ -93,6 +93,7 @@ def build_report(
         "workloads": {
             "agent_session": servers["agent_session"],
             "new_session": servers["new_session"],
+            "restart": servers.get("restart", {}),
             "concurrency": servers["concurrency"],
             "decode": {"runs": servers["decode"], "ceiling": limits["decode_ceiling"]},
             "prefill_floor": limits["prefill_floor"],
@@ -100,6 +101,45 @@ def build_report(
         },
         "summary": [r.as_dict(ours, peer or "") for r in rows],
     }
+
+
+def _plain(value: float | None, unit: str) -> str:
+    return format_value(value, unit).replace("—", "–")
+
+
+def markdown_table(report: dict[str, Any], rows: list[SummaryRow]) -> str:
+    """The summary as a Markdown table (for a README), headed by date, model, BLAS, machine.
+
+    Columns: each server, their ratio (>1: ours better) and the in-process limit (prefill
+    floor or decode ceiling). Per-server notes (cache hits, floor ratios) follow the figures.
+    """
+    ours, peer = report["ours"], report.get("peer")
+    machine, model = report["machine"], report["model"]
+    memory = machine.get("memory_bytes")
+    lines = [
+        f"**{report['date'][:10]}** · model `{model['name']}` · BLAS: {machine['blas']} · "
+        f"{machine['device']} ({machine['machine']}, {machine['cpu_count']} CPUs"
+        + (f", {memory / 1024**3:.0f} GiB" if memory else "")
+        + f") · mlx {machine['mlx']}, mlx-lm {machine['mlx_lm']}",
+        "",
+    ]
+    names = [ours, peer] if peer else [ours]
+    header = ["workload", "metric", *names] + (["ratio"] if peer else []) + ["limit"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    previous = ""
+    for row in rows:
+        cells = [row.workload if row.workload != previous else "", row.metric]
+        for name in names:
+            cell = _plain(row.values.get(name), row.unit) if row.values else ""
+            note = row.notes.get(name)
+            cells.append(f"{cell} ({note})" if note and cell else cell)
+        if peer:
+            ratio = row.speedup(ours, peer) if row.values else None
+            cells.append(f"{ratio:.2f}×" if ratio is not None else "")
+        cells.append(_plain(row.limit, row.unit) if row.limit is not None else "")
+        lines.append("| " + " | ".join(cells) + " |")
+        previous = row.workload
+    return "\n".join(lines) + "\n"
 
 
 def write_json(report: dict[str, Any], path: Path) -> Path:

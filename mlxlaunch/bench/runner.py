@@ -16,7 +16,7 @@ from mlxlaunch.bench.config import BenchConfig
 from mlxlaunch.bench.inprocess import InProcessModel
 from mlxlaunch.bench.plan import BenchPlan
 from mlxlaunch.bench.stats import decode_rate, intervals, summarize, throughput
-from mlxlaunch.bench.workloads import short_chat
+from mlxlaunch.bench.workloads import Conversation, short_chat
 
 T = TypeVar("T")
 
@@ -41,7 +41,7 @@ class SilentProgress:
 
 def limit_steps(config: BenchConfig) -> int:
     """Steps of the in-process phase."""
-    return 1 + config.turns + config.warm_sessions + config.decode_runs
+    return 1 + config.turns + config.warm_sessions + int(config.restart) + config.decode_runs
 
 
 def server_steps(config: BenchConfig, targets: int) -> int:
@@ -97,13 +97,12 @@ async def _alternate(
 
 
 async def _measure_streams(
-    target: Target, streams: int, max_tokens: int, clock: Callable[[], float]
+    target: Target, prompts: Sequence[Conversation], max_tokens: int, clock: Callable[[], float]
 ) -> dict[str, Any]:
-    """K streams started together on one server; their timings and the wall time of them all."""
+    """Streams started together on one server, one per prompt; their timings and the wall
+    time of them all (from sending the first to the end of the last)."""
     start = clock()
-    timings = await asyncio.gather(
-        *(target.measure(short_chat(i + 1), max_tokens) for i in range(streams))
-    )
+    timings = await asyncio.gather(*(target.measure(p, max_tokens) for p in prompts))
     wall = clock() - start
     return {"wall_s": wall, "streams": [t.as_dict() for t in timings]}
 
@@ -152,9 +151,10 @@ async def measure_servers(
     decode = [await each(one(plan.decode, config.decode_tokens)) for _ in range(config.decode_runs)]
     concurrency = []
     for streams in config.concurrency:
+        prompts = plan.streams.get(streams) or [short_chat(i + 1) for i in range(streams)]
 
-        def run(target: Target, k: int = streams) -> Awaitable[dict[str, Any]]:
-            return _measure_streams(target, k, config.concurrency_tokens, clock)
+        def run(target: Target, p: list[Conversation] = prompts) -> Awaitable[dict[str, Any]]:
+            return _measure_streams(target, p, config.concurrency_tokens, clock)
 
         concurrency.append({"streams": streams, "results": await each(run)})
     names = [t.name for t in targets]

@@ -170,7 +170,12 @@ def _concurrency_rows(servers: dict[str, Any]) -> list[SummaryRow]:
         figures = {n: concurrency_figures(level["results"][n]) for n in names}
         errors = {n: f"{f['errors']} failed" for n, f in figures.items() if f["errors"]}
         label = f"concurrency {k}"
+        sizes = {n: _stream_sizes(level["results"][n]) for n in names}
         rows += [
+            SummaryRow(
+                label, "wall time, all streams", "s", False,
+                {n: level["results"][n]["wall_s"] for n in names}, notes=sizes,
+            ),
             SummaryRow(
                 label, "aggregate tokens/s", "tok/s", True,
                 {n: figures[n]["aggregate_tokens_per_s"] for n in names}, notes=errors,
@@ -189,6 +194,44 @@ def _concurrency_rows(servers: dict[str, Any]) -> list[SummaryRow]:
     return rows
 
 
+def _stream_sizes(run: dict[str, Any]) -> str:
+    """ "4×2.0k in, 48 out": the streams' prompt and output sizes (their medians)."""
+    streams = run["streams"]
+    prompts = [s["prompt_tokens"] for s in streams if s.get("prompt_tokens") is not None]
+    outputs = [s["output_tokens"] for s in streams if s.get("output_tokens") is not None]
+    if not prompts or not outputs:
+        return ""
+    prompt, output = percentile(prompts, 50), percentile(outputs, 50)
+    return f"{len(streams)}×{_k(round(prompt))} in, {round(output)} out"
+
+
+def _restart_rows(servers: dict[str, Any], limits: dict[str, Any]) -> list[SummaryRow]:
+    """The new session's first turn on a restarted server, against the floor of its new
+    tokens (the floor assumes every shared token is already cached)."""
+    restart: dict[str, Any] = servers.get("restart") or {}
+    if not restart:
+        return []
+    names = [n for n in servers["targets"] if n in restart] or list(restart)
+    floor = _floor(limits, "restart")
+    notes = {}
+    for name in names:
+        note = _cache_note(restart[name])
+        ttft = restart[name].get("ttft_s")
+        if floor and ttft is not None:
+            note += f", {ttft / floor:.2f}× floor"
+        notes[name] = note
+    return [
+        SummaryRow(
+            "restart", "new session TTFT", "s", False,
+            {n: restart[n].get("ttft_s") for n in names}, floor, notes,
+        ),
+        SummaryRow(
+            "restart", "ready after start", "s", False,
+            {n: restart[n].get("ready_s") for n in names}, compare=False,
+        ),
+    ]  # fmt: skip
+
+
 def _floor_rows(limits: dict[str, Any]) -> list[SummaryRow]:
     return [
         SummaryRow(
@@ -199,7 +242,7 @@ def _floor_rows(limits: dict[str, Any]) -> list[SummaryRow]:
     ]  # fmt: skip
 
 
-WORKLOADS = ("agent-session", "new-session", "concurrency", "decode", "prefill floor")
+WORKLOADS = ("agent-session", "new-session", "restart", "concurrency", "decode", "prefill floor")
 
 
 def workload_of(row: SummaryRow) -> str:
@@ -211,6 +254,7 @@ def summary_rows(servers: dict[str, Any], limits: dict[str, Any]) -> list[Summar
     """Every row of the report, grouped by workload in the order of WORKLOADS."""
     rows = (
         _session_rows(servers, limits)
+        + _restart_rows(servers, limits)
         + _decode_rows(servers, limits)
         + _concurrency_rows(servers)
         + _floor_rows(limits)

@@ -116,3 +116,19 @@ def short_chat(index: int) -> Conversation:
             )
         ],
     )
+
+
+def stream_prompt(level: int, index: int, chars: int) -> Conversation:
+    """The prompt of stream `index` at concurrency `level`: a request about a file of `chars`
+    characters, unique to that stream and level (no server can reuse another's prefix)."""
+    source = tool_result_text(level * 1000 + index, chars)
+    return Conversation(
+        system="You are a helpful coding assistant.",
+        tools=(),
+        messages=[
+            ChatMessage(
+                role="user",
+                content=f"Stream {level}.{index}: explain what this file does.\n\n{source}",
+            )
+        ],
+    )

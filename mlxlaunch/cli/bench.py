@@ -20,7 +20,7 @@ from rich.progress import (
 
 from mlxlaunch.bench.chart import turn_ttft_svg
 from mlxlaunch.bench.config import BenchConfig
-from mlxlaunch.bench.report import render_table, write_json
+from mlxlaunch.bench.report import markdown_table, render_table, write_json
 from mlxlaunch.cli.app import app
 from mlxlaunch.errors import ConfigError
 from mlxlaunch.launch.models import resolve_name
@@ -84,6 +84,23 @@ def bench(
     concurrency: Annotated[
         str | None, typer.Option(help="Simultaneous streams to try, e.g. 1,2,4,8.")
     ] = None,
+    concurrency_prompt_tokens: Annotated[
+        int | None, typer.Option(min=1, help="Prompt tokens of each concurrent stream (about).")
+    ] = None,
+    concurrency_tokens: Annotated[
+        int | None, typer.Option(min=1, help="Tokens each concurrent stream generates.")
+    ] = None,
+    restart: Annotated[
+        bool,
+        typer.Option(
+            "--restart/--no-restart",
+            help="Restart each server as a new process and time a new session's first turn.",
+        ),
+    ] = True,
+    max_concurrency: Annotated[
+        int | None,
+        typer.Option(min=1, help="Our server's batch width (default: the engine's)."),
+    ] = None,
     out: Annotated[
         Path, typer.Option("--out", help="Directory for the JSON report and the SVG chart.")
     ] = Path("mlx-bench"),
@@ -92,7 +109,8 @@ def bench(
 
     Every workload runs on this project's server and on mlx-lm's `mlx_lm.server` with the same
     model and prompts, alternating; the table shows both and their ratio, next to the
-    in-process limits (prefill floor, decode ceiling).
+    in-process limits (prefill floor, decode ceiling). Last, each server is restarted as a new
+    process (ours on the same prefix-cache directory) and a new session's first turn is timed.
 
     Examples:
 
@@ -109,6 +127,9 @@ def bench(
         decode_tokens=decode_tokens,
         decode_runs=runs,
         concurrency=_levels(concurrency) if concurrency else None,
+        concurrency_prompt_tokens=concurrency_prompt_tokens,
+        concurrency_tokens=concurrency_tokens,
+        restart=restart,
     )
     console = Console()
     if not console.is_terminal:  # logs and CI: don't wrap the table at 80 columns
@@ -117,7 +138,15 @@ def bench(
     from mlxlaunch.bench.harness import BenchOptions, run_benchmark
 
     model_dir = resolve_name(model)
-    options = BenchOptions(str(model_dir), model, config, url=url, auth_token=auth_token, peer=peer)
+    options = BenchOptions(
+        str(model_dir),
+        model,
+        config,
+        url=url,
+        auth_token=auth_token,
+        peer=peer,
+        max_concurrency=max_concurrency,
+    )
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),
@@ -139,4 +168,6 @@ def bench(
     json_path = write_json(report, out / f"bench-{stamp}.json")
     chart_path = out / f"bench-{stamp}-ttft.svg"
     chart_path.write_text(turn_ttft_svg(outcome.servers, outcome.limits, model=model))
-    console.print(f"JSON: {json_path}\nchart: {chart_path}", highlight=False)
+    table_path = out / f"bench-{stamp}.md"
+    table_path.write_text(markdown_table(report, outcome.rows), encoding="utf-8")
+    console.print(f"JSON: {json_path}\nchart: {chart_path}\ntable: {table_path}", highlight=False)

@@ -52,11 +52,6 @@ def server_locator(url: str | None, token: str | None, home: Path | None = None)
     return locate
 
 
-def dash_hint() -> str:
-    """The line `mlx serve` and `mlx launch claude` print so users find the dashboard."""
-    return "Watch it live from another terminal: mlx dash"
-
-
 @app.command("dash", help=DASH_HELP)
 def dash(
     url: Annotated[

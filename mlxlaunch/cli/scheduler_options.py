@@ -29,7 +29,7 @@ def _duration(value: str | None) -> str | None:
 
 
 MaxConcurrencyOption = Annotated[
-    int | None, typer.Option(min=1, help="Requests decoded together (default: 4 CPU, 8 GPU).")
+    int | None, typer.Option(min=1, help="Requests decoded together (default: 8).")
 ]
 IdleClearOption = Annotated[
     str,

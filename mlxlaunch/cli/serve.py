@@ -7,12 +7,8 @@ import contextlib
 import logging
 import os
 import secrets
-import signal
 import sys
-import threading
 import time
-from collections.abc import Iterator
-from types import FrameType
 from typing import Annotated
 
 import typer
@@ -35,6 +31,7 @@ from mlxlaunch.cli.scheduler_options import (
     MemoryFractionOption,
     engine_tuning,
 )
+from mlxlaunch.launch.child import terminating_like_ctrl_c
 from mlxlaunch.launch.claude_env import ClaudeTarget, export_lines, launch_variables
 from mlxlaunch.launch.models import resolve_name
 from mlxlaunch.launch.state import RunState, remove_state, write_state
@@ -137,7 +134,7 @@ def serve(
             **cache_config(cache_memory, cache_dir, cache_disk),
         )
     )
-    with _stop_on_signals(), contextlib.ExitStack() as stack:
+    with terminating_like_ctrl_c(), contextlib.ExitStack() as stack:
         engine.start()
         stack.callback(engine.close)
         settings = ServerSettings(
@@ -146,6 +143,7 @@ def serve(
             auth_token=token,
             allow_remote=allow_remote,
             allowed_origins=origins,
+            model_id=plain_model_id(model),  # a path is not a model id clients may send
         )
         handle = start_server(engine, settings)
         stack.callback(handle.stop, DRAIN_S)
@@ -220,21 +218,3 @@ def _log_requests_to_terminal() -> None:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter(REQUEST_LOG_FORMAT, datefmt="%H:%M:%S"))
         server_log.addHandler(handler)
-
-
-@contextlib.contextmanager
-def _stop_on_signals() -> Iterator[None]:
-    """SIGTERM (and SIGHUP) unwind like Ctrl-C, so the server drains and the port is freed."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, _frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

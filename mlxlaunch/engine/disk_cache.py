@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import mlx.core as mx
 import mlx_lm
 import numpy as np
 from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
@@ -233,6 +234,9 @@ class DiskCache:
             caches, meta = load_prompt_cache(str(data), return_metadata=True)
             if meta.get("model") != self.identity or meta.get("tokens") != str(len(entry)):
                 raise ValueError("written for another model or prefix")
+            # Loaded arrays are lazy: read them now (during warm start) rather than on the
+            # first request that uses them.
+            mx.eval([c.state for c in caches])
         except Exception as exc:  # whatever is wrong with the file, it must not be used
             log.warning("prefix cache: ignoring %s (%s)", data.name, exc)
             self.rejected += 1

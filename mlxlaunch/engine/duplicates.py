@@ -12,29 +12,34 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import threading
+from array import array
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 
 from mlxlaunch.engine.job import EventSink, Job, SinkItem
 from mlxlaunch.engine.types import Done, GenerationRequest
 
 # Request fields that do not change what is generated: the messages are in the rendered
 # tokens, and ids and labels are bookkeeping.
-_NOT_IN_KEY = ("messages", "request_id", "kind", "model_alias")
+_NOT_IN_KEY = frozenset({"messages", "request_id", "kind", "model_alias"})
+_KEYED_FIELDS = tuple(f.name for f in fields(GenerationRequest) if f.name not in _NOT_IN_KEY)
 
 
 def generation_key(tokens: Sequence[int], request: GenerationRequest, max_tokens: int) -> str:
-    """A digest of everything that determines a generation's output."""
-    settings = {k: v for k, v in asdict(request).items() if k not in _NOT_IN_KEY}
-    canonical = json.dumps(
-        {"tokens": list(tokens), "max_tokens": max_tokens, "settings": settings},
-        sort_keys=True,
-        separators=(",", ":"),
-        default=str,
-    )
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    """A digest of everything that determines a generation's output.
+
+    It runs on every admission, so it stays cheap: the prompt is hashed as raw token bytes,
+    and the settings through `repr` of the request's own fields (frozen dataclasses, lists
+    and dicts of plain values), with no deep copy or JSON of the conversation. Two requests
+    built from the same JSON body repr the same; a difference only in dict key order merely
+    misses a share.
+    """
+    settings = tuple(getattr(request, name) for name in _KEYED_FIELDS)
+    # The settings' repr is self-delimiting (a tuple), so settings then tokens can't blur.
+    digest = hashlib.sha256(repr((max_tokens, settings)).encode())
+    digest.update(array("q", tokens).tobytes())
+    return digest.hexdigest()
 
 
 def deliver(sink: EventSink, item: SinkItem) -> None:

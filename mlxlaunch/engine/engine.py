@@ -205,7 +205,7 @@ class Engine:
                 request_id, request.max_tokens, max_tokens, prompt_tokens, window,
             )  # fmt: skip
         try:
-            self._admission.enter(prompt_tokens, self._stats.snapshot().prefill_tps)
+            self._admission.enter(prompt_tokens, self._stats.prefill_tps())
         except Overloaded:
             self._stats.count(requests_refused=1, requests_overloaded=1)
             raise

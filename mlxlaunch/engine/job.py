@@ -74,7 +74,9 @@ class OutputStream:
         if not self.parser.done:
             with self._lock:
                 self.detokenizer.finalize()
-                segment = self.detokenizer.last_segment
+                # A cut (max_tokens, stop) inside a multi-byte character leaves bytes that decode
+                # to U+FFFD: drop that half character rather than send a replacement char.
+                segment = self.detokenizer.last_segment.rstrip("\ufffd")
             if segment:
                 events.extend(self.parser.feed(segment))
         events.extend(self.parser.finish())

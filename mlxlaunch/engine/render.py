@@ -6,14 +6,22 @@ cache relies on), so nothing here iterates sets or adds per-call data.
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from mlxlaunch.engine.system_turns import SystemTurns
+from mlxlaunch.engine.tokenize_cache import IncrementalTokenizer
 from mlxlaunch.engine.types import ChatMessage, GenerationRequest, ToolSpec
+
+if TYPE_CHECKING:
+    from mlxlaunch.engine.prefix_cache import PrefixCache
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -72,12 +80,15 @@ class PromptRenderer:
 
     Tokenizers are not assumed to be safe to share across threads, so every use of the
     tokenizer here holds `lock` (which the engine also holds around its own tokenizer calls).
+    Prompts are tokenized incrementally: a prompt that continues a recent one reuses its token
+    ids up to the last special token they share (see `tokenize_cache`).
     """
 
     def __init__(self, tokenizer: TokenizerWrapper, lock: threading.Lock | None = None) -> None:
         self.tokenizer = tokenizer
         self.lock = lock or threading.Lock()
         self.system_turns = SystemTurns(tokenizer)  # mid-conversation system turns, in place
+        self.encoder = IncrementalTokenizer(tokenizer)
 
     def render_text(self, request: GenerationRequest) -> str:
         """The prompt text: chat template applied, generation prompt added."""
@@ -98,7 +109,31 @@ class PromptRenderer:
         """Render and tokenize once; the template already holds any BOS it wants."""
         text = self.render_text(request)
         with self.lock:
-            tokens = list(self.tokenizer.encode(text, add_special_tokens=False))
+            tokens = self.encoder.encode(text)
         # Some templates open a think span even with thinking off; the parser must know either way.
         opens = ends_inside_span(text, self.tokenizer.think_start, self.tokenizer.think_end)
         return RenderedPrompt(tokens=tokens, opens_thinking=opens)
+
+    def warm(self, token_sequences: Iterable[Sequence[int]] = ()) -> int:
+        """Get ready for the first request while nothing waits: compile the chat template
+        (and probe it for system turns) on a tiny conversation, and remember the texts of
+        `token_sequences` (prefixes restored from the disk cache) so the first prompt that
+        continues one is tokenized incrementally. Returns how many were remembered.
+
+        Only an optimisation: a failure is logged and the first request does the work."""
+        try:
+            hello = [ChatMessage(role="user", content="hi")]
+            self.render_text(GenerationRequest(messages=hello, max_tokens=1))
+            with self.lock:
+                return self.encoder.prime(token_sequences)
+        except Exception as exc:
+            log.warning("prompt renderer warm-up skipped: %s", exc)
+            return 0
+
+
+def restored_prompts(prefix: PrefixCache | None) -> list[list[int]]:
+    """Token sequences of the disk-cache entries a new process restores (newest first)."""
+    disk = prefix.disk if prefix is not None else None
+    if prefix is None or disk is None:
+        return []
+    return [entry.tokens.tolist() for entry in disk.recent(prefix.settings.restore)]

@@ -135,6 +135,14 @@ class StatsBook:
             while self._steps and self._steps[0][0] < now - RATE_WINDOW_S:
                 self._steps.popleft()
 
+    def prefill_tps(self) -> float:
+        """The recent prefill speed alone: what admission control needs per request, without
+        the cost of a whole snapshot (records, cache figures)."""
+        with self._lock:
+            steps = list(self._steps)
+        prompt_s = sum(s[2] for s in steps)
+        return sum(s[1] for s in steps) / prompt_s if prompt_s > 0 else 0.0
+
     def snapshot(self) -> EngineStats:
         with self._lock:
             steps = list(self._steps)

@@ -83,13 +83,6 @@ class IdleSweeper:
         with self._lock:
             return self._active
 
-    def idle_for(self) -> float:
-        """Seconds since the last request ended (0 while any is active)."""
-        with self._lock:
-            if self._active:
-                return 0.0
-            return max(0.0, self._clock() - self._last_activity)
-
     def due(self, *, loaded: bool, busy: bool) -> SweepAction | None:
         """What to do now, if anything. `busy`: the worker holds queued or running jobs."""
         if busy:

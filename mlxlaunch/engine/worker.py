@@ -23,13 +23,14 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
 from mlxlaunch.engine.config import EngineConfig
+from mlxlaunch.engine.constrain import forget_tokenizer
 from mlxlaunch.engine.job import Job, OutputStream, parser_config
 from mlxlaunch.engine.loader import LoadedModel, load_model
 from mlxlaunch.engine.memory import MemoryBudget, apply_memory_limits, kv_bytes_per_token
 from mlxlaunch.engine.mlx_thread import run_on_mlx_thread
 from mlxlaunch.engine.output import OutputParser
 from mlxlaunch.engine.prefix_cache import PrefixCache, cache_settings
-from mlxlaunch.engine.render import PromptRenderer
+from mlxlaunch.engine.render import PromptRenderer, restored_prompts
 from mlxlaunch.engine.stats import StatsBook
 from mlxlaunch.engine.sweeper import IdleSweeper
 from mlxlaunch.engine.types import (
@@ -38,12 +39,17 @@ from mlxlaunch.engine.types import (
     EngineUnavailable,
     GenerationFailed,
     Progress,
+    Sampling,
     StopReason,
     Timings,
     Usage,
 )
+from mlxlaunch.engine.warmup import warm_up
 
 Command = Callable[[], None]
+
+# The sampler of a request that sets none (Sampling's defaults), which the warm-up compiles.
+_DEFAULT_SAMPLING = (Sampling().temperature, Sampling().top_p, Sampling().top_k)
 
 # How often (seconds) the worker refreshes the memory figures in stats.
 MEMORY_POLL_S = 1.0
@@ -134,6 +140,8 @@ class Worker:
             return
         self._abandon_all(EngineUnavailable("the model was unloaded"))
         self._close_generator()
+        if self.loaded is not None:  # the grammar cache would keep the tokenizer alive
+            forget_tokenizer(self.loaded.tokenizer)
         self.loaded = None
         self.renderer = None
         self._memory = None
@@ -437,6 +445,13 @@ class Worker:
         self._memory = self._memory_budget(loaded)
         self._prefix = self._make_prefix_cache(loaded)
         self.renderer = PromptRenderer(loaded.tokenizer, self.tokenizer_lock)
+        self.renderer.warm(restored_prompts(self._prefix))  # first prompt: incremental
+        warm_up(  # MLX's first-pass set-up happens now, not in the first request's TTFT
+            loaded.base_model,
+            width=self.config.max_concurrency,
+            prefill_chunk=self.config.prefill_chunk,
+            sampler=_sampler(*_DEFAULT_SAMPLING),
+        )
         self.stats.model = loaded.info.id
         self.stats.state = "loaded"
 

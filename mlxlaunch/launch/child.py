@@ -113,6 +113,29 @@ def run_child(
     return proc.returncode
 
 
+@contextlib.contextmanager
+def terminating_like_ctrl_c() -> Iterator[None]:
+    """SIGTERM and SIGHUP unwind like Ctrl-C (KeyboardInterrupt) inside this block, so a
+    supervisor's stop still drains the server, frees the port and removes the state file.
+
+    A no-op off the main thread (signal handlers can only be set there). While `claude` runs,
+    `run_child` replaces these handlers with forwarding ones.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, _frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def _give_terminal(tty: int, child_pgrp: int) -> None:
     _set_foreground(tty, child_pgrp)
     # The child may have stopped on SIGTTOU/SIGTTIN before it became the foreground job.

@@ -11,12 +11,9 @@ import asyncio
 import contextlib
 import os
 import secrets
-import signal
-import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from types import FrameType
 
 from rich.console import Console
 
@@ -26,7 +23,7 @@ from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
 from mlxlaunch.engine.tuning import engine_tuning
 from mlxlaunch.errors import ModelNotFound
-from mlxlaunch.launch.child import run_child
+from mlxlaunch.launch.child import run_child, terminating_like_ctrl_c
 from mlxlaunch.launch.claude_bin import claude_version, find_claude
 from mlxlaunch.launch.claude_env import ClaudeTarget, claude_environment, claude_model_id
 from mlxlaunch.launch.models import ChosenModel, choose_model
@@ -102,7 +99,7 @@ def launch_claude(
     )  # before the model loads: a bad keep-alive setting fails fast
     chosen = _choose(options, config, offer_pull)
     log_file = new_log_path()
-    with _terminating_cleanly(), contextlib.ExitStack() as stack:
+    with terminating_like_ctrl_c(), contextlib.ExitStack() as stack:
         stack.enter_context(logging_to(log_file))
         engine = Engine(
             EngineConfig(
@@ -118,7 +115,12 @@ def launch_claude(
         token = secrets.token_urlsafe(32)
         handle = start_server(
             engine,
-            ServerSettings(host="127.0.0.1", port=options.port or 0, auth_token=token),
+            ServerSettings(
+                host="127.0.0.1",
+                port=options.port or 0,
+                auth_token=token,
+                model_id=claude_model_id(chosen.served_id),  # what claude is told to send
+            ),
             log_level="info",
         )
         stack.callback(handle.stop, DRAIN_S)
@@ -200,24 +202,3 @@ def _announce(console: Console, served: Served, options: LaunchOptions) -> None:
     console.print("[dim]watch it live from another terminal: mlx dash[/]")
     if options.verbose:
         console.print(f"model: {served.model.path} (from {served.model.reason})", highlight=False)
-
-
-@contextlib.contextmanager
-def _terminating_cleanly() -> Iterator[None]:
-    """Before claude runs, SIGTERM/SIGHUP unwind like Ctrl-C so the cleanup still happens.
-
-    While claude runs, `run_child` replaces these handlers with forwarding ones.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, _frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from mlxlaunch.store.paths import mlxlaunch_home
+from mlxlaunch.store.running import pid_alive
 
 RunKind = Literal["launch", "serve"]
 
@@ -64,19 +65,6 @@ class RunState:
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"bad state file content: {exc}") from exc
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists (ours or another user's)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, belongs to someone else
-    return True
 
 
 def state_path(pid: int, home: Path | None = None) -> Path:

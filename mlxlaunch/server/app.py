@@ -39,7 +39,7 @@ from mlxlaunch.engine.types import (
 )
 from mlxlaunch.protocol.errors import ErrorType, describe_validation_error, error_body, status_for
 from mlxlaunch.protocol.events import ErrorEvent, PingEvent
-from mlxlaunch.protocol.limits import RequestLimitError, load_request_json
+from mlxlaunch.protocol.limits import RequestLimitError, load_request_json, plain_model_id
 from mlxlaunch.protocol.requests import CountTokensRequest, MessagesRequest
 from mlxlaunch.protocol.responses import CountTokensResponse, ModelEntry, ModelList
 from mlxlaunch.protocol.sse import encode_event
@@ -101,6 +101,8 @@ class ServerSettings:
     allow_remote: bool = False
     allowed_origins: tuple[str, ...] = ()  # browser origins allowed to call (none by default)
     limits: HttpLimits = field(default_factory=HttpLimits)
+    # The id /v1/models lists (what the user called the model); None: one made from its path.
+    model_id: str | None = None
 
 
 class ApiError(Exception):
@@ -147,7 +149,20 @@ def engine_error(exc: Exception) -> ApiError:
 
 async def parse_body(request: Request, model: type[ModelT]) -> ModelT:
     """Read and validate a JSON body; any problem is a 400 naming the field."""
-    raw_bytes = await request.body()
+    try:
+        return validate_body(await request.body(), model)
+    except ApiError as exc:
+        # Refused before it got a message id: still one log line, so a client's rejected
+        # request shows in the server log (a Claude Code release adding a field we refuse).
+        log.info(
+            "%s %s refused: status=%d %s",
+            request.method, request.url.path, exc.status, exc.message[:200],
+        )  # fmt: skip
+        raise
+
+
+def validate_body(raw_bytes: bytes, model: type[ModelT]) -> ModelT:
+    """Parse and validate `raw_bytes` as `model`, or raise the 400 ApiError naming the field."""
     try:
         raw = load_request_json(raw_bytes)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -330,8 +345,12 @@ class MessagesApi:
         return bool(info is not None and info.vision)
 
     def _loaded_model_id(self) -> str:
+        # A plain id: one a client may send back (a path would be refused as `model`), and
+        # the unauthenticated /health does not reveal where the model lives on disk.
         info = self.engine.model_info
-        return info.id if info is not None else "unloaded"
+        if info is None:
+            return "unloaded"
+        return self.settings.model_id or plain_model_id(info.id)
 
     def _model_entry(self, model_id: str) -> ModelEntry:
         return ModelEntry(id=model_id, display_name=model_id, created_at=self.created_at)

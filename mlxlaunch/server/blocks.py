@@ -79,7 +79,7 @@ def anthropic_stop_reason(reason: EngineStopReason) -> StopReason:
 def anthropic_usage(usage: EngineUsage) -> Usage:
     """Honest usage: `input_tokens` is the uncached part, the cached part is a cache read."""
     return Usage(
-        input_tokens=usage.prompt_tokens - usage.cached_tokens,
+        input_tokens=usage.prefilled_tokens,
         output_tokens=usage.output_tokens,
         cache_creation_input_tokens=0,
         cache_read_input_tokens=usage.cached_tokens,

@@ -15,7 +15,7 @@ from mlxlaunch.store.pull import NotAnMlxModel, PullPlan, PullResult, plan_pull,
 from mlxlaunch.store.registry import mark_used, register_local
 from mlxlaunch.store.remove import ModelInUse, Removal, execute_removal, plan_removal
 from mlxlaunch.store.resolve import ResolvedModel, resolve_model
-from mlxlaunch.store.running import RunningServer, running_models, running_servers
+from mlxlaunch.store.running import RunningServer, running_servers
 from mlxlaunch.store.verify import VerifyReport, verify_model_dir
 
 __all__ = [
@@ -46,7 +46,6 @@ __all__ = [
     "recommend",
     "register_local",
     "resolve_model",
-    "running_models",
     "running_servers",
     "snapshot_complete",
     "system_memory_bytes",

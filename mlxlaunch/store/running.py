@@ -72,11 +72,6 @@ def running_servers(directory: Path | None = None) -> list[RunningServer]:
     return [s for s in found if s is not None and pid_alive(s.pid)]
 
 
-def running_models(directory: Path | None = None) -> list[RunningServer]:
-    """Alias of `running_servers`: what `mlx models rm` checks before deleting."""
-    return running_servers(directory)
-
-
 def servers_using(path: Path, directory: Path | None = None) -> list[RunningServer]:
     """Live servers whose loaded model directory is `path` or lies inside it."""
     target = path.resolve()

@@ -1,0 +1,201 @@
+"""The restart workload: a new server process, then a new session's first turn.
+
+What a user sees the morning after: they start the server again (ours on the same cache
+directory as before, so the prefixes it saved are there), start typing, and the first request
+arrives a few seconds later. Each server is restarted on its own, as a real child process
+started the way a user starts it, and measured alone on the machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+from mlxlaunch.bench.clients import AnthropicTarget, OpenAITarget, Target
+from mlxlaunch.bench.ours import OURS_NAME
+from mlxlaunch.bench.peer import PEER_NAME, PeerFailed, PeerServer
+from mlxlaunch.bench.workloads import Conversation
+
+# `mlx serve` prints this line once the model is loaded and the port is open.
+_ANNOUNCEMENT = re.compile(r"serving \S+ at (http://\S+)")
+
+
+class RestartFailed(PeerFailed):
+    """A restarted server did not come up."""
+
+
+class ServeProcess:
+    """`python -m mlxlaunch serve` as a child process, reporting its URL when it is ready."""
+
+    def __init__(
+        self,
+        model_dir: str,
+        *,
+        cache_dir: Path,
+        auth_token: str,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        self.model_dir = model_dir
+        self.cache_dir = cache_dir
+        self.auth_token = auth_token
+        self.extra_args = extra_args
+        self.url: str | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    def command(self) -> list[str]:
+        """The command line, as a user would type it (`mlx serve …`)."""
+        return [
+            sys.executable, "-m", "mlxlaunch", "serve",
+            "--model", self.model_dir,
+            "--port", "0",
+            "--cache-dir", str(self.cache_dir),
+            "--auth-token", self.auth_token,
+            *self.extra_args,
+        ]  # fmt: skip
+
+    def start(self) -> None:
+        """Start the child (returns at once; it loads the model, then announces its URL)."""
+        # Open for the child's whole life (closed in stop()), so not a `with` block.
+        self._log = tempfile.NamedTemporaryFile(prefix="mlx-bench-serve-", suffix=".log")  # noqa: SIM115
+        self._process = subprocess.Popen(
+            self.command(),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+
+    def log_tail(self, chars: int = 2000) -> str:
+        """The end of the child's output, for error messages."""
+        if self._log is None:
+            return ""
+        return Path(self._log.name).read_text(errors="replace")[-chars:]
+
+    def wait_ready(self, timeout_s: float = 300.0) -> None:
+        """Block until the child announces its URL; RestartFailed if it exits or times out."""
+        if self._process is None or self._log is None:
+            raise RestartFailed("the server was never started")
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            match = _ANNOUNCEMENT.search(Path(self._log.name).read_text(errors="replace"))
+            if match:
+                self.url = match.group(1)
+                return
+            if self._process.poll() is not None:
+                raise RestartFailed(
+                    f"mlx serve exited with code {self._process.returncode}", hint=self.log_tail()
+                )
+            time.sleep(0.05)
+        raise RestartFailed(f"mlx serve was not ready in {timeout_s:.0f} s", hint=self.log_tail())
+
+    def stop(self) -> None:
+        """Ctrl-C, as a user stops it (it saves what it should); kill it after 30 s."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.send_signal(signal.SIGINT)
+            try:
+                self._process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+class _Restartable(Protocol):
+    def start(self) -> None: ...
+
+    def wait_ready(self, timeout_s: float = 300.0) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+async def measure_restart(
+    server: _Restartable,
+    target_for: Callable[[], Target],
+    conversation: Conversation,
+    *,
+    max_tokens: int,
+    wait_s: float,
+    ready_timeout_s: float,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[str, Any]:
+    """Start `server`, wait until `wait_s` after the start (or until it is ready, if later),
+    time `conversation`, stop the server. Raw figures, with `ready_s` and `sent_s` (seconds
+    from the start to ready and to sending)."""
+    start = clock()
+    server.start()
+    target: Target | None = None
+    try:
+        await asyncio.to_thread(server.wait_ready, ready_timeout_s)
+        ready = clock() - start
+        await asyncio.sleep(max(0.0, wait_s - (clock() - start)))
+        sent = clock() - start
+        target = target_for()
+        timing = await target.measure(conversation, max_tokens)
+    finally:
+        if target is not None:
+            await target.aclose()
+        await asyncio.to_thread(server.stop)
+    return {**timing.as_dict(), "ready_s": ready, "sent_s": sent}
+
+
+async def restart_both(
+    *,
+    model_dir: str,
+    cache_dir: Path | None,
+    auth_token: str,
+    peer: bool,
+    conversation: Conversation,
+    max_tokens: int,
+    wait_s: float,
+    ready_timeout_s: float,
+    serve_args: tuple[str, ...] = (),
+) -> tuple[dict[str, Any], list[str]]:
+    """The restart workload on our server (if `cache_dir`: it was started on that directory)
+    and on the peer, one after the other. Returns figures by server name and warnings."""
+    results: dict[str, Any] = {}
+    warnings: list[str] = []
+    if cache_dir is not None:
+        ours = ServeProcess(
+            model_dir, cache_dir=cache_dir, auth_token=auth_token, extra_args=serve_args
+        )
+        try:
+            results[OURS_NAME] = await measure_restart(
+                ours,
+                lambda: AnthropicTarget(OURS_NAME, ours.url or "", auth_token=auth_token),
+                conversation,
+                max_tokens=max_tokens,
+                wait_s=wait_s,
+                ready_timeout_s=ready_timeout_s,
+            )
+        except RestartFailed as exc:
+            warnings.append(f"restart of {OURS_NAME} left out: {exc.message}")
+    if peer:
+        other = PeerServer(model_dir)
+        try:
+            results[PEER_NAME] = await measure_restart(
+                other,
+                lambda: OpenAITarget(PEER_NAME, other.url),
+                conversation,
+                max_tokens=max_tokens,
+                wait_s=wait_s,
+                ready_timeout_s=ready_timeout_s,
+            )
+        except PeerFailed as exc:
+            warnings.append(f"restart of {PEER_NAME} left out: {exc.message}")
+        finally:
+            with contextlib.suppress(Exception):
+                other.stop()
+    return results, warnings

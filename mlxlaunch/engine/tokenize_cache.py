@@ -1,0 +1,331 @@
+"""Incremental tokenization: reuse the token ids of a recently tokenized prompt's prefix.
+
+Every Claude Code turn resends the whole conversation (~50k characters on the first turn alone),
+so tokenizing each rendered prompt from scratch costs tens of milliseconds per request, while
+all but its end was tokenized a moment ago. This module remembers a few recent (text → token
+ids) pairs and, for a text that starts like a remembered one, reuses the remembered ids up to
+a *boundary* and tokenizes only the rest.
+
+Why a boundary is safe. A Hugging Face fast tokenizer first cuts the text at its added tokens
+(leftmost-longest matching on the raw text for tokens with `normalized=False`), then
+normalizes, pre-tokenizes and BPE-encodes every piece on its own: no merge crosses an added
+token. So when a prefix P ends with an added token T, tokenize(P + R) is tokenize(P) followed
+by tokenize(T + R) without its first token, provided that
+
+- no added token contains T's text followed by more characters (such a token could match
+  across the end of P; with leftmost-longest matching nothing else can),
+- T's id comes only from matching T (the model's own vocabulary does not hold it),
+- T is matched on the raw text (`normalized=False`), takes no neighbouring whitespace
+  (`lstrip`/`rstrip` off) and does not depend on the character after it (`single_word` off),
+- and the tokenizer does not split special tokens (`encode_special_tokens` off).
+
+Tokenizing T + R rather than R keeps anything that depends on a piece's position in the text
+(e.g. a Metaspace pre-tokenizer prepending only to the very first piece) as it is in the full
+text. Boundary positions come from the tokenizer's own offsets, never from searching the text.
+
+Anything else — a tokenizer that is not a plain `tokenizers` backend, one with truncation or
+padding configured, a slow tokenizer — is tokenized in full every time, exactly as before.
+
+Not thread-safe: the caller holds the tokenizer lock around every call.
+"""
+
+from __future__ import annotations
+
+from array import array
+from bisect import bisect_right
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_CAPACITY = 8
+# A probe for the backend check: chat markup, code, unicode, and whitespace runs.
+_PROBE = "Hello  world!\n\n\tdef f(x):  return x ** 2  # é ü 漢字 🙂\r\n   end"
+
+
+@dataclass
+class _Entry:
+    """A remembered text, its token ids, and its boundaries: `marks[i]` characters of the text
+    are exactly `ends[i]` tokens, and the text at `marks[i]` ends with a boundary token."""
+
+    text: str
+    ids: array[int]
+    marks: list[int]
+    ends: list[int]
+
+
+@dataclass
+class TokenizeStats:
+    """How the incremental tokenizer did (for tests and benchmarks)."""
+
+    exact_hits: int = 0
+    partial_hits: int = 0
+    misses: int = 0
+    reused_tokens: int = 0
+    primed: int = 0
+
+
+def backend_of(hf_tokenizer: Any) -> Any | None:
+    """The `tokenizers.Tokenizer` whose `encode` gives exactly what `hf_tokenizer.encode(text,
+    add_special_tokens=False)` gives, or None where that cannot be established.
+
+    Transformers' fast tokenizers call the Rust backend directly; subclasses that rewrite the
+    text first (mlx-lm's NewlineTokenizer, for one) override `encode`, so only an unmodified
+    `encode`/`_encode_plus` of the transformers base class counts.
+    """
+    try:
+        import tokenizers
+        from mlx_lm.tokenizer_utils import TokenizerWrapper
+        from transformers import PreTrainedTokenizerFast
+    except ImportError:  # pragma: no cover - all ship with mlx-lm
+        return None
+    # mlx-lm's wrapper forwards `encode` to the Hugging Face tokenizer it wraps.
+    if isinstance(hf_tokenizer, TokenizerWrapper) and "encode" not in vars(TokenizerWrapper):
+        hf_tokenizer = hf_tokenizer._tokenizer
+    backend = getattr(hf_tokenizer, "_tokenizer", None)
+    if not isinstance(backend, tokenizers.Tokenizer):
+        return None
+    cls = type(hf_tokenizer)
+    for name in ("encode", "_encode_plus"):
+        if getattr(cls, name, None) is not getattr(PreTrainedTokenizerFast, name, None):
+            return None
+    if getattr(hf_tokenizer, "split_special_tokens", False) or backend.encode_special_tokens:
+        return None
+    if backend.truncation is not None or backend.padding is not None:
+        return None
+    return backend
+
+
+def boundary_tokens(backend: Any) -> dict[int, str]:
+    """Added tokens after which a text can be split without changing its tokenization
+    (see the module docstring for the conditions): id → text."""
+    added = backend.get_added_tokens_decoder()
+    contents = [token.content for token in added.values()]
+    safe: dict[int, str] = {}
+    for token_id, token in added.items():
+        text = token.content
+        if not text or token.normalized or token.lstrip or token.rstrip or token.single_word:
+            continue
+        # An id the model itself can produce (an unknown-token id, say) is not always a split.
+        if backend.model.id_to_token(token_id) is not None:
+            continue
+        # Another added token with T's text followed by more could match across the split.
+        if any(_continues(other, text) for other in contents):
+            continue
+        # It must tokenize on its own as itself, or the offsets would not mean what we think.
+        if backend.encode(text, add_special_tokens=False).ids != [token_id]:
+            continue
+        safe[token_id] = text
+    return safe
+
+
+def _continues(other: str, text: str) -> bool:
+    """Whether `other` contains `text` somewhere other than at its very end."""
+    at = other.find(text)
+    while at >= 0:
+        if at + len(text) < len(other):
+            return True
+        at = other.find(text, at + 1)
+    return False
+
+
+class IncrementalTokenizer:
+    """`encode(text)` equal to the tokenizer's own `encode(text, add_special_tokens=False)`,
+    reusing the ids of up to `capacity` recently encoded texts (least recently used dropped)."""
+
+    def __init__(self, hf_tokenizer: Any, capacity: int = DEFAULT_CAPACITY) -> None:
+        self._fallback: Callable[[str], Sequence[int]] = lambda text: hf_tokenizer.encode(
+            text, add_special_tokens=False
+        )
+        self.capacity = capacity
+        self.stats = TokenizeStats()
+        self._entries: OrderedDict[int, _Entry] = OrderedDict()
+        self._next_key = 0
+        backend = backend_of(hf_tokenizer)
+        # The backend is used only if it agrees with the tokenizer's own encode on a probe.
+        if backend is not None and backend.encode(_PROBE, add_special_tokens=False).ids != list(
+            self._fallback(_PROBE)
+        ):
+            backend = None
+        self._backend = backend
+        self.boundaries = boundary_tokens(backend) if backend is not None else {}
+
+    @property
+    def incremental(self) -> bool:
+        """Whether texts are tokenized incrementally (else always in full)."""
+        return bool(self.boundaries) and self.capacity > 0
+
+    def encode(self, text: str) -> list[int]:
+        """The token ids of `text` (no special tokens added)."""
+        if not self.incremental:
+            return list(self._fallback(text))
+        for key, seen in self._entries.items():
+            if len(seen.text) == len(text) and seen.text == text:
+                self._entries.move_to_end(key)
+                self.stats.exact_hits += 1
+                return seen.ids.tolist()
+        entry, mark = self._best_prefix(text)
+        if entry is not None:
+            ids = self._continue(entry, mark, text)
+            if ids is not None:
+                return ids
+        self.stats.misses += 1
+        ids, full = self._tokenize(text)
+        if full is not None:
+            self._remember(full)
+        return ids
+
+    def prime(self, token_sequences: Iterable[Sequence[int]]) -> int:
+        """Remember texts whose token ids are known (e.g. prefixes restored from the disk
+        cache after a restart), so the first request that continues one is incremental.
+
+        Each sequence is cut after its last boundary token, decoded, and kept only if
+        tokenizing the decoded text gives exactly those ids back. Returns how many were kept.
+        """
+        if not self.incremental or self._backend is None:
+            return 0
+        kept = 0
+        for sequence in token_sequences:
+            ids = list(sequence)
+            cut = max((j for j, t in enumerate(ids) if t in self.boundaries), default=-1)
+            if cut < 0:
+                continue
+            ids = ids[: cut + 1]
+            text = self._backend.decode(ids, skip_special_tokens=False)
+            encoded, entry = self._tokenize(text)
+            if entry is not None and encoded == ids:  # an exact round trip only
+                self._remember(entry)
+                kept += 1
+        self.stats.primed += kept
+        return kept
+
+    def clear(self) -> None:
+        """Forget every remembered text."""
+        self._entries.clear()
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _best_prefix(self, text: str) -> tuple[_Entry | None, int]:
+        """The remembered entry sharing the most boundary-ended tokens with `text`, and the
+        index of that boundary in its marks (-1: none)."""
+        best: _Entry | None = None
+        best_mark = -1
+        best_tokens = 0
+        for entry in self._entries.values():
+            shared = common_prefix_length(entry.text, text)
+            mark = bisect_right(entry.marks, shared) - 1  # the last boundary inside it
+            if mark >= 0 and entry.ends[mark] > best_tokens:
+                best, best_mark, best_tokens = entry, mark, entry.ends[mark]
+        return best, best_mark
+
+    def _continue(self, entry: _Entry, mark: int, text: str) -> list[int] | None:
+        """`text`'s ids: the entry's ids up to boundary `mark`, then the rest tokenized from the
+        boundary token on. None if the tail does not start with that token (never expected)."""
+        assert self._backend is not None
+        split, kept = entry.marks[mark], entry.ends[mark]
+        token_id = entry.ids[kept - 1]
+        token_text = self.boundaries[token_id]
+        start = split - len(token_text)
+        tail = self._backend.encode(text[start:], add_special_tokens=False)
+        tail_ids = tail.ids
+        if not tail_ids or tail_ids[0] != token_id:
+            return None
+        ids = entry.ids[:kept]
+        ids.extend(tail_ids[1:])
+        marks, ends = entry.marks[: mark + 1], entry.ends[: mark + 1]
+        for index in self._boundary_indices(tail_ids):
+            if index == 0:
+                continue
+            chars = tail.token_to_chars(index)
+            if (
+                chars is None
+                or text[start + chars[0] : start + chars[1]] != self.boundaries[tail_ids[index]]
+            ):
+                return None
+            marks.append(start + chars[1])
+            ends.append(kept + index)
+        self.stats.partial_hits += 1
+        self.stats.reused_tokens += kept
+        if mark == len(entry.marks) - 1:
+            # The new text holds every boundary of the old one: the old one would only ever
+            # save tokenizing its few characters after its last boundary. One conversation
+            # thus keeps one entry, however many turns it has.
+            self._forget(entry)
+        self._remember(_Entry(text, ids, marks, ends))
+        return ids.tolist()
+
+    def _tokenize(self, text: str) -> tuple[list[int], _Entry | None]:
+        """All of `text`'s ids, and an entry to remember them by (None: offsets that do not
+        match the text, so nothing about this text is trusted for later reuse)."""
+        assert self._backend is not None
+        encoding = self._backend.encode(text, add_special_tokens=False)
+        ids: list[int] = encoding.ids
+        marks: list[int] = []
+        ends: list[int] = []
+        for index in self._boundary_indices(ids):
+            chars = encoding.token_to_chars(index)
+            if chars is None or text[chars[0] : chars[1]] != self.boundaries[ids[index]]:
+                return ids, None
+            marks.append(chars[1])
+            ends.append(index + 1)
+        return ids, _Entry(text, array("i", ids), marks, ends)
+
+    def _boundary_indices(self, ids: list[int]) -> list[int]:
+        """Indices of boundary tokens in `ids`, in order (list.index scans in C)."""
+        found: list[int] = []
+        for token_id in self.boundaries:
+            at = -1
+            while True:
+                try:
+                    at = ids.index(token_id, at + 1)
+                except ValueError:
+                    break
+                found.append(at)
+        found.sort()
+        return found
+
+    def _forget(self, entry: _Entry) -> None:
+        for key, old in list(self._entries.items()):
+            if old is entry:
+                del self._entries[key]
+
+    def _remember(self, entry: _Entry) -> None:
+        if not entry.marks:
+            return
+        # A text that extends a remembered one replaces it: the new one covers it entirely.
+        for key, old in list(self._entries.items()):
+            if len(old.text) <= len(entry.text) and entry.text.startswith(old.text):
+                del self._entries[key]
+        self._entries[self._next_key] = entry
+        self._next_key += 1
+        while len(self._entries) > self.capacity:
+            self._entries.popitem(last=False)
+
+
+def common_prefix_length(a: str, b: str, block: int = 4096) -> int:
+    """Length of the longest common prefix of two strings.
+
+    Equal blocks of doubling size are skipped first, then the first differing block is
+    halved down to the character: C-speed comparisons, and only about twice the shared
+    length is ever copied (a different conversation stops at the first block).
+    """
+    limit = min(len(a), len(b))
+    low = 0
+    high = limit
+    while low < limit:
+        stop = min(limit, low + block)
+        if a[low:stop] != b[low:stop]:
+            high = stop
+            break
+        low = stop
+        block *= 2
+    else:
+        return limit
+    # a[:low] == b[:low] and a[:high] != b[:high]
+    while high - low > 1:
+        middle = (low + high) // 2
+        if a[low:middle] == b[low:middle]:
+            low = middle
+        else:
+            high = middle
+    return low

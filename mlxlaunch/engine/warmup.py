@@ -1,0 +1,77 @@
+"""Warm-up at load: one tiny generation so the first real request does not pay MLX's start-up.
+
+The first forward pass in a fresh process is slow for reasons that have nothing to do with the
+prompt: MLX builds its kernels and compiled graphs (the sampler's, the activations'), fills
+its buffer cache, and mlx-lm sets up its generation stream. After a restart that cost lands on
+the user's first turn. Running a few tokens through the same kind of batch generator the
+worker uses, right after load, moves it to before the server announces itself.
+
+The warm-up is throwaway: its own generator and a fresh KV cache, never the prefix cache, on
+the unwrapped model (test wrappers count forward passes). It runs on the MLX thread, like
+every MLX call. A failure is logged and ignored: a cold first request is better than no model.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import mlx.nn as nn
+from mlx_lm.generate import BatchGenerator
+from mlx_lm.models.cache import make_prompt_cache
+
+log = logging.getLogger(__name__)
+
+# Prompt tokens of the warm-up: enough for a real (multi-token) prefill, cheap on any model.
+WARMUP_PROMPT_TOKENS = 8
+# Tokens it generates: the first comes out of prefill, the second takes a decode step.
+WARMUP_OUTPUT_TOKENS = 2
+# Generator steps before giving up (a prefill chunk per step, then one token per step).
+_MAX_STEPS = 32
+
+
+def warm_up(
+    model: nn.Module,
+    *,
+    width: int,
+    prefill_chunk: int,
+    sampler: Any = None,
+) -> float | None:
+    """Run one tiny prefill and decode step on `model` with a throwaway cache.
+
+    `width` and `prefill_chunk` are the worker's generator settings (same code paths);
+    `sampler` the one most requests use (None: greedy). Returns the seconds it took, or None
+    if it failed (logged; the caller carries on).
+    """
+    start = time.perf_counter()
+    # Any ids do (every vocabulary has the first few); the generator has no stop tokens, so
+    # it always reaches its decode step.
+    prompt = list(range(WARMUP_PROMPT_TOKENS))
+    generator: BatchGenerator | None = None
+    try:
+        generator = BatchGenerator(
+            model,
+            completion_batch_size=width,
+            prefill_batch_size=width,
+            prefill_step_size=prefill_chunk,
+        )
+        generator.insert(
+            [prompt],
+            max_tokens=[WARMUP_OUTPUT_TOKENS],
+            caches=[list(make_prompt_cache(model))],
+            samplers=[sampler],
+        )
+        for _ in range(_MAX_STEPS):
+            _, generated = generator.next()
+            if any(r.finish_reason is not None for r in generated):
+                break
+    except Exception:
+        log.warning("model warm-up failed; the first request will be slower", exc_info=True)
+        return None
+    finally:
+        if generator is not None:
+            generator.close()
+    elapsed = time.perf_counter() - start
+    log.debug("warm-up took %.1f ms", elapsed * 1000)
+    return elapsed
