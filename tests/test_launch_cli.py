@@ -289,3 +289,23 @@ def test_print_env_without_a_server_or_with_url_and_token(world: dict[str, Path]
     assert "export ANTHROPIC_AUTH_TOKEN=abc" in lines
     assert "export ANTHROPIC_API_KEY=''" in lines
     assert "export CLAUDE_CODE_MAX_CONTEXT_TOKENS=32768" in lines
+
+
+def test_test_models_get_a_short_output_budget(world: dict[str, Path]) -> None:
+    """Random-weight models rarely stop on their own: the demo must not stream noise for minutes."""
+    done = _mlx(
+        ["launch", "claude", "--claude-bin", str(world["claude"]), "--model", "tiny", "--", "exit"],
+        _env(world),
+    )
+    assert done.returncode == 0, done.stderr
+    assert _report(world)["env"]["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "512"
+    # An explicit budget still wins.
+    done = _mlx(
+        [
+            "launch", "claude", "--claude-bin", str(world["claude"]), "--model", "tiny",
+            "--max-output-tokens", "2000", "--", "exit",
+        ],
+        _env(world),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert _report(world)["env"]["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "2000"

@@ -172,11 +172,15 @@ def test_close_streams_ends_open_streams_at_once() -> None:
 
         def follow() -> None:
             with httpx.stream("GET", server.url + "/v1/stats/stream", timeout=10) as r:
-                lines.extend(r.iter_lines())
+                for line in r.iter_lines():
+                    lines.append(line)
 
         reader = threading.Thread(target=follow)
         reader.start()
-        time.sleep(0.3)
+        deadline = time.monotonic() + 10  # a loaded machine may take a while to send the first
+        while not any(line.startswith("data:") for line in lines):
+            assert time.monotonic() < deadline, "the stats stream sent nothing"
+            time.sleep(0.02)
         close_streams(engine)
         reader.join(3)
         assert not reader.is_alive()

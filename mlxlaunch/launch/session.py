@@ -33,7 +33,7 @@ from mlxlaunch.launch.test_hook import scripted_output_from_env
 from mlxlaunch.launch.warm import warm_up_in_background
 from mlxlaunch.server.app import ServerSettings
 from mlxlaunch.server.runner import start_server
-from mlxlaunch.testing import DEMO_NOTICE
+from mlxlaunch.testing import DEMO_NOTICE, is_test_model_name
 
 # How long requests still in flight when claude exits may finish before the server is forced.
 DRAIN_S = 2.0
@@ -142,7 +142,7 @@ def launch_claude(
                 model_id=chosen.served_id,
                 context_window=window,
                 small_model_id=options.small_model,
-                max_output_tokens=options.max_output_tokens,
+                max_output_tokens=options.max_output_tokens or _noise_cap(chosen),
                 extra=options.extra_env,
             ),
             environ,
@@ -161,6 +161,16 @@ def with_settings(options: LaunchOptions, config: UserConfig) -> LaunchOptions:
         context_length=options.context_length or config.get("context-length"),
         keep_alive=options.keep_alive or config.get("keep-alive"),
     )
+
+
+# Random-weight test models rarely emit an end token: without a cap each reply is noise up to
+# the window-derived budget (minutes of it on a laptop CPU), which makes the demo feel hung.
+TEST_MODEL_OUTPUT_CAP = 512
+
+
+def _noise_cap(chosen: ChosenModel) -> int | None:
+    """A short output budget for the offline test models (`demo`, `tiny`, …), else None."""
+    return TEST_MODEL_OUTPUT_CAP if is_test_model_name(chosen.name) else None
 
 
 def _choose(
