@@ -108,5 +108,12 @@ def test_tool_call_runs_and_its_result_goes_back(
     assert (tmp_path / "work" / "made.txt").read_text().strip() == "made-by-tool"
     # Claude Code asks again only to hand back the tool result; the reply to that is printed.
     assert final in done.stdout
-    prompts = [int(n) for n in re.findall(r"msg_\w+ .* prompt=(\d+) .* status=200", log)]
+    served = [
+        (int(p), int(c))
+        for p, c in re.findall(r"msg_\w+ .* prompt=(\d+) cached=(\d+) .* status=200", log)
+    ]
+    prompts = [p for p, _ in served]
     assert len(prompts) >= 2 and prompts[1] > prompts[0], log  # the tool turn came back
+    # The turn carrying the tool result prefilled only what was new: everything the first turn
+    # sent came from the prefix cache (the cache keeps whole 256-token blocks, at worst one less).
+    assert served[1][1] >= prompts[0] - 256, log
