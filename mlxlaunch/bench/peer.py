@@ -7,17 +7,14 @@ flags), in the same environment, so it gets the same BLAS and thread settings as
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
-from typing import IO
 
 import httpx
 
+from mlxlaunch.bench.child import ChildServer
 from mlxlaunch.errors import MlxLaunchError
 
 PEER_NAME = "mlx_lm.server"
@@ -35,15 +32,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
-class PeerServer:
+class PeerServer(ChildServer):
     """A `mlx_lm.server` child process: `start()`, then `wait_ready()`, then `stop()`."""
 
+    log_prefix = "mlx-bench-peer-"
+
     def __init__(self, model_dir: str | Path, *, port: int | None = None) -> None:
+        super().__init__()
         self.model_dir = str(model_dir)
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self._process: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
 
     def command(self) -> list[str]:
         """The command line the peer runs with."""
@@ -54,35 +52,14 @@ class PeerServer:
             "--port", str(self.port),
         ]  # fmt: skip
 
-    def start(self) -> None:
-        """Start the child process (returns at once; the model loads in the background)."""
-        # Open for the child's whole life (closed in stop()), so not a `with` block.
-        self._log = tempfile.NamedTemporaryFile(prefix="mlx-bench-peer-", suffix=".log")  # noqa: SIM115
-        self._process = subprocess.Popen(
-            self.command(),
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-
-    def log_tail(self, chars: int = 2000) -> str:
-        """The end of the child's output, for error messages."""
-        if self._log is None:
-            return ""
-        return Path(self._log.name).read_text(errors="replace")[-chars:]
-
     def wait_ready(self, timeout_s: float = 300.0) -> None:
         """Block until `/health` answers 200; raise PeerFailed if the child dies or times out."""
         if self._process is None:
             raise PeerFailed("the peer server was never started")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                raise PeerFailed(
-                    f"{PEER_NAME} exited with code {self._process.returncode}",
-                    hint=self.log_tail(),
-                )
+            if (code := self.exit_code()) is not None:
+                raise PeerFailed(f"{PEER_NAME} exited with code {code}", hint=self.log_tail())
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
                     return
@@ -90,16 +67,3 @@ class PeerServer:
         raise PeerFailed(
             f"{PEER_NAME} did not become ready in {timeout_s:.0f} s", hint=self.log_tail()
         )
-
-    def stop(self) -> None:
-        """Terminate the child (kill it if it doesn't exit within 10 s)."""
-        if self._process is not None and self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
-        if self._log is not None:
-            self._log.close()
-            self._log = None

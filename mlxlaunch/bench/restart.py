@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import re
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import Any, Protocol
 
+from mlxlaunch.bench.child import ChildServer
 from mlxlaunch.bench.clients import AnthropicTarget, OpenAITarget, Target
 from mlxlaunch.bench.ours import OURS_NAME
 from mlxlaunch.bench.peer import PEER_NAME, PeerFailed, PeerServer
@@ -34,8 +32,13 @@ class RestartFailed(PeerFailed):
     """A restarted server did not come up."""
 
 
-class ServeProcess:
+class ServeProcess(ChildServer):
     """`python -m mlxlaunch serve` as a child process, reporting its URL when it is ready."""
+
+    log_prefix = "mlx-bench-serve-"
+    # Ctrl-C, as a user stops it: it saves what it should first.
+    stop_signal = signal.SIGINT
+    stop_timeout_s = 30.0
 
     def __init__(
         self,
@@ -45,13 +48,12 @@ class ServeProcess:
         auth_token: str,
         extra_args: tuple[str, ...] = (),
     ) -> None:
+        super().__init__()
         self.model_dir = model_dir
         self.cache_dir = cache_dir
         self.auth_token = auth_token
         self.extra_args = extra_args
         self.url: str | None = None
-        self._process: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
 
     def command(self) -> list[str]:
         """The command line, as a user would type it (`mlx serve …`)."""
@@ -64,53 +66,20 @@ class ServeProcess:
             *self.extra_args,
         ]  # fmt: skip
 
-    def start(self) -> None:
-        """Start the child (returns at once; it loads the model, then announces its URL)."""
-        # Open for the child's whole life (closed in stop()), so not a `with` block.
-        self._log = tempfile.NamedTemporaryFile(prefix="mlx-bench-serve-", suffix=".log")  # noqa: SIM115
-        self._process = subprocess.Popen(
-            self.command(),
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-
-    def log_tail(self, chars: int = 2000) -> str:
-        """The end of the child's output, for error messages."""
-        if self._log is None:
-            return ""
-        return Path(self._log.name).read_text(errors="replace")[-chars:]
-
     def wait_ready(self, timeout_s: float = 300.0) -> None:
         """Block until the child announces its URL; RestartFailed if it exits or times out."""
-        if self._process is None or self._log is None:
+        if self._process is None:
             raise RestartFailed("the server was never started")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            match = _ANNOUNCEMENT.search(Path(self._log.name).read_text(errors="replace"))
+            match = _ANNOUNCEMENT.search(self.log_text())
             if match:
                 self.url = match.group(1)
                 return
-            if self._process.poll() is not None:
-                raise RestartFailed(
-                    f"mlx serve exited with code {self._process.returncode}", hint=self.log_tail()
-                )
+            if (code := self.exit_code()) is not None:
+                raise RestartFailed(f"mlx serve exited with code {code}", hint=self.log_tail())
             time.sleep(0.05)
         raise RestartFailed(f"mlx serve was not ready in {timeout_s:.0f} s", hint=self.log_tail())
-
-    def stop(self) -> None:
-        """Ctrl-C, as a user stops it (it saves what it should); kill it after 30 s."""
-        if self._process is not None and self._process.poll() is None:
-            self._process.send_signal(signal.SIGINT)
-            try:
-                self._process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
-        if self._log is not None:
-            self._log.close()
-            self._log = None
 
 
 class _Restartable(Protocol):
