@@ -14,6 +14,7 @@ import mlx.core as mx
 import mlx_lm
 import numpy as np
 import pytest
+from engine_helpers import AGENT_TOOLS, run
 from mlx_lm.models.cache import KVCache
 
 from mlxlaunch.engine.cache_miss import common_prefix
@@ -23,19 +24,12 @@ from mlxlaunch.engine.engine import Engine
 from mlxlaunch.engine.render import PromptRenderer
 from mlxlaunch.engine.types import (
     ChatMessage,
-    Done,
-    EngineEvent,
     GenerationRequest,
     Sampling,
-    TextDelta,
-    ToolSpec,
 )
 
 SYSTEM = "You are a coding agent for this repository. Use the tools to read and edit. " * 8
-TOOLS = [
-    ToolSpec("Bash", "Run a shell command", {"type": "object", "properties": {"command": {}}}),
-    ToolSpec("Read", "Read a file", {"type": "object", "properties": {"file_path": {}}}),
-]
+TOOLS = AGENT_TOOLS
 
 
 def first_turn(task: str) -> GenerationRequest:
@@ -56,13 +50,6 @@ def second_turn(task: str) -> GenerationRequest:
         ChatMessage("user", "It says: def f(x): return x * 2"),
     ]
     return request
-
-
-async def run(engine: Engine, request: GenerationRequest) -> tuple[Done, str]:
-    events: list[EngineEvent] = [e async for e in engine.submit(request)]
-    done = events[-1]
-    assert isinstance(done, Done)
-    return done, "".join(e.text for e in events if isinstance(e, TextDelta))
 
 
 def engine_for(model_dir: Path, cache_dir: Path | None, **kw: Any) -> Engine:

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
+from engine_helpers import collect, text_of, wait_until
 
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.duplicates import generation_key
@@ -44,14 +43,6 @@ def request(
     )
 
 
-def text_of(events: list[EngineEvent]) -> str:
-    return "".join(e.text for e in events if isinstance(e, TextDelta))
-
-
-async def collect(events: AsyncIterator[EngineEvent]) -> list[EngineEvent]:
-    return [event async for event in events]
-
-
 async def take_deltas(events: AsyncIterator[EngineEvent], n: int) -> list[EngineEvent]:
     """Events up to and including the `n`-th TextDelta."""
     seen: list[EngineEvent] = []
@@ -60,26 +51,6 @@ async def take_deltas(events: AsyncIterator[EngineEvent], n: int) -> list[Engine
         if sum(isinstance(e, TextDelta) for e in seen) >= n:
             break
     return seen
-
-
-async def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.01)
-
-
-@pytest.fixture
-def scripted() -> ScriptedOutput:
-    return ScriptedOutput()
-
-
-@pytest.fixture
-def engine(tiny_model_dir: Path, scripted: ScriptedOutput) -> Iterator[Engine]:
-    engine = Engine(EngineConfig(model=str(tiny_model_dir), logits_hook=scripted))
-    yield engine
-    engine.close()
 
 
 # --- the key ------------------------------------------------------------------------------

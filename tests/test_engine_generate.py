@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import pytest
+from engine_helpers import collect, text_of
 from mlx_lm import load, stream_generate
 
 from mlxlaunch.engine.config import EngineConfig
@@ -17,7 +17,6 @@ from mlxlaunch.engine.types import (
     Admitted,
     ChatMessage,
     Done,
-    EngineEvent,
     GenerationRequest,
     Progress,
     PromptTooLong,
@@ -36,26 +35,6 @@ def request(text: str = "hello there", max_tokens: int = 12, **kw: Any) -> Gener
     return GenerationRequest(
         messages=[ChatMessage("user", text)], max_tokens=max_tokens, sampling=GREEDY, **kw
     )
-
-
-async def collect(events: AsyncIterator[EngineEvent]) -> list[EngineEvent]:
-    return [event async for event in events]
-
-
-def text_of(events: list[EngineEvent]) -> str:
-    return "".join(e.text for e in events if isinstance(e, TextDelta))
-
-
-@pytest.fixture
-def scripted() -> ScriptedOutput:
-    return ScriptedOutput()
-
-
-@pytest.fixture
-def engine(tiny_model_dir: Path, scripted: ScriptedOutput) -> Iterator[Engine]:
-    engine = Engine(EngineConfig(model=str(tiny_model_dir), logits_hook=scripted))
-    yield engine
-    engine.close()
 
 
 async def test_submit_streams_admitted_progress_deltas_done(engine: Engine) -> None:

@@ -4,21 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import pytest
+from engine_helpers import collect, engine_maker, wait_until
 
-from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
 from mlxlaunch.engine.types import (
     Admitted,
     ChatMessage,
     Done,
-    EngineEvent,
     EngineUnavailable,
     GenerationFailed,
     GenerationRequest,
@@ -40,18 +38,6 @@ def request(request_id: str, max_tokens: int = 3000, text: str | None = None) ->
         sampling=Sampling(temperature=0.0),
         request_id=request_id,
     )
-
-
-async def collect(events: AsyncIterator[EngineEvent]) -> list[EngineEvent]:
-    return [event async for event in events]
-
-
-async def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.01)
 
 
 class Gate:
@@ -89,23 +75,9 @@ class Gate:
 
 
 @pytest.fixture
-def scripted() -> ScriptedOutput:
-    return ScriptedOutput()
-
-
-@pytest.fixture
 def make_engine(tiny_model_dir: Path) -> Iterator[Callable[..., Engine]]:
-    engines: list[Engine] = []
-
-    def make(**kw: Any) -> Engine:
-        kw.setdefault("model", str(tiny_model_dir))
-        engine = Engine(EngineConfig(**kw))
-        engines.append(engine)
-        return engine
-
-    yield make
-    for engine in engines:
-        engine.close()
+    with engine_maker(tiny_model_dir) as make:
+        yield make
 
 
 async def test_a_request_joins_a_running_batch(

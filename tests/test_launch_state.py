@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -87,3 +88,30 @@ def test_from_json_rejects_wrong_kind() -> None:
     data["kind"] = "other"
     with pytest.raises(ValueError):
         state.RunState.from_json(data)
+
+
+def test_the_store_reads_what_launch_writes_without_the_token(tmp_path: Path) -> None:
+    from mlxlaunch.store.running import running_servers, servers_using
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    written = dataclasses.replace(_state(os.getpid()), model_path=str(model_dir))
+    path = state.write_state(written, tmp_path)
+    [server] = running_servers(tmp_path / "run")
+    assert (server.pid, server.url, server.model) == (written.pid, written.url, written.model)
+    assert server.model_path == model_dir and server.record == path
+    assert "token" not in vars(server)
+    assert servers_using(tmp_path, tmp_path / "run") == [server]  # inside the removed folder
+    assert servers_using(tmp_path / "other", tmp_path / "run") == []
+
+
+def test_partial_reading_needs_only_the_pid() -> None:
+    older = {"pid": 7, "url": "http://127.0.0.1:1", "model_path": None}
+    with pytest.raises(ValueError, match=r"log_file|token|kind"):
+        state.RunState.from_json(older)
+    parsed = state.RunState.from_json(older, partial=True)
+    assert (parsed.pid, parsed.url, parsed.model_path, parsed.token) == (7, older["url"], "", "")
+    with pytest.raises(ValueError, match="pid"):
+        state.RunState.from_json({"url": "x"}, partial=True)
+    with pytest.raises(ValueError):
+        state.RunState.from_json([1, 2], partial=True)  # type: ignore[arg-type]

@@ -13,9 +13,9 @@ from typing import Any
 import anthropic
 import httpx
 import pytest
+from engine_helpers import served_engine
 from prometheus_client.parser import text_string_to_metric_families
 
-from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
 from mlxlaunch.server.app import ServerSettings
 from mlxlaunch.server.metrics import EngineCollector
@@ -42,15 +42,11 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served(tiny_model_dir: Path) -> Iterator[Served]:
-    engine = Engine(EngineConfig(model=str(tiny_model_dir)))
-    engine.start()
-    server = start_server(engine, ServerSettings(auth_token=TOKEN))
-    try:
-        yield Served(engine, server)
-    finally:
-        close_streams(engine)
-        server.stop()
-        engine.close()
+    with served_engine(tiny_model_dir, TOKEN) as (engine, server):
+        try:
+            yield Served(engine, server)
+        finally:
+            close_streams(engine)  # before the server stops, as a shutdown does
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mlx_lm.tool_parsers import json_tools
+from parser_helpers import splits
 
 from mlxlaunch.engine.output import OutputParser, ParsedEvent, ParserConfig
 from mlxlaunch.engine.types import TextDelta, ThinkingDelta, ToolCallEvent, ToolSpec
@@ -69,14 +70,6 @@ def summarise(events: Sequence[ParsedEvent]) -> Summary:
         else:
             out.append((kind, event.text))
     return out
-
-
-def splits(output: str) -> Iterable[list[str]]:
-    """The whole output at once, one character at a time, and every two-piece split."""
-    yield [output]
-    yield list(output)
-    for cut in range(1, len(output)):
-        yield [output[:cut], output[cut:]]
 
 
 def summary_for_every_split(config: ParserConfig, output: str) -> Summary:

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from types import ModuleType
 
 import pytest
+from parser_helpers import splits
 
 from mlxlaunch.engine.output import OutputParser, ParsedEvent, ParserConfig
 from mlxlaunch.engine.types import TextDelta, ToolCallEvent, ToolSpec
@@ -115,14 +116,6 @@ def summarise(events: Sequence[ParsedEvent]) -> list[tuple[str, object]]:
             else:
                 out.append((kind, event.text))
     return out
-
-
-def splits(output: str) -> Iterable[list[str]]:
-    """The whole output at once, one character at a time, and every two-piece split."""
-    yield [output]
-    yield list(output)
-    for cut in range(1, len(output)):
-        yield [output[:cut], output[cut:]]
 
 
 def family(name: str) -> ModuleType:

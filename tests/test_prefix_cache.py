@@ -10,6 +10,7 @@ from typing import Any
 import mlx.core as mx
 import mlx_lm
 import pytest
+from engine_helpers import AGENT_TOOLS, run
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
 from mlxlaunch.engine.cache_blocks import BlockTrie
@@ -21,20 +22,15 @@ from mlxlaunch.engine.prefix_cache import SNAPSHOT_WARNING
 from mlxlaunch.engine.types import (
     ChatMessage,
     Done,
-    EngineEvent,
     GenerationRequest,
     Sampling,
-    TextDelta,
     ToolSpec,
 )
 
 GREEDY = Sampling(temperature=0.0)
 BLOCK = 16
 MAIN_SYSTEM = "You are a coding agent. Read files, run commands and fix bugs. " * 6
-TOOLS = [
-    ToolSpec("Bash", "Run a shell command", {"type": "object", "properties": {"command": {}}}),
-    ToolSpec("Read", "Read a file", {"type": "object", "properties": {"file_path": {}}}),
-]
+TOOLS = AGENT_TOOLS
 
 
 # --- the block trie, with synthetic KV ----------------------------------------------------
@@ -173,13 +169,6 @@ def req(messages: list[ChatMessage], tools: list[ToolSpec] | None = None, **kw: 
     return GenerationRequest(
         messages=messages, tools=tools or [], max_tokens=8, sampling=GREEDY, **kw
     )
-
-
-async def run(engine: Engine, request: GenerationRequest) -> tuple[Done, str]:
-    events: list[EngineEvent] = [e async for e in engine.submit(request)]
-    done = events[-1]
-    assert isinstance(done, Done)
-    return done, "".join(e.text for e in events if isinstance(e, TextDelta))
 
 
 def conversation(turns: int) -> list[list[ChatMessage]]:

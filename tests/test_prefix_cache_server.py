@@ -9,12 +9,10 @@ from typing import Any
 
 import httpx
 import pytest
+from engine_helpers import served_engine
 
-from mlxlaunch.engine.config import EngineConfig
-from mlxlaunch.engine.engine import Engine
 from mlxlaunch.protocol.sse import parse_frames
-from mlxlaunch.server.app import ServerSettings
-from mlxlaunch.server.runner import ServerHandle, start_server
+from mlxlaunch.server.runner import ServerHandle
 from mlxlaunch.server.streaming import TrailingStreamingResponse
 
 TOKEN = "cache-token"
@@ -24,14 +22,8 @@ SYSTEM = "You are a careful assistant who answers in one short sentence. " * 8
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path) -> Iterator[ServerHandle]:
-    engine = Engine(EngineConfig(model=str(tiny_model_dir)))
-    engine.start()
-    handle = start_server(engine, ServerSettings(auth_token=TOKEN))
-    try:
+    with served_engine(tiny_model_dir, TOKEN) as (_, handle):
         yield handle
-    finally:
-        handle.stop()
-        engine.close()
 
 
 def body(question: str, stream: bool = False) -> dict[str, Any]:

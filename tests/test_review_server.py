@@ -11,11 +11,9 @@ from typing import Any
 
 import httpx
 import pytest
+from engine_helpers import served_engine
 
-from mlxlaunch.engine.config import EngineConfig
-from mlxlaunch.engine.engine import Engine
-from mlxlaunch.server.app import ServerSettings
-from mlxlaunch.server.runner import ServerHandle, start_server
+from mlxlaunch.server.runner import ServerHandle
 
 TOKEN = "review-token-abcdef0123456789"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
@@ -24,14 +22,8 @@ CAPTURED = ["print-mode-request.json", "title-request.json", "tool-result-reques
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path) -> Iterator[ServerHandle]:
-    engine = Engine(EngineConfig(model=str(tiny_model_dir)))
-    engine.start()
-    handle = start_server(engine, ServerSettings(auth_token=TOKEN))
-    try:
+    with served_engine(tiny_model_dir, TOKEN) as (_, handle):
         yield handle
-    finally:
-        handle.stop()
-        engine.close()
 
 
 def _captured(fixtures_dir: Path, name: str) -> tuple[dict[str, Any], dict[str, str]]:

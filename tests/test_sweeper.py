@@ -4,14 +4,15 @@ during a request, and a request after an unload loads the model again."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
+from engine_helpers import collect, engine_maker
+from engine_helpers import wait_until as shared_wait_until
 from typer.testing import CliRunner
 
 from mlxlaunch.cli.main import app
@@ -19,13 +20,14 @@ from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
 from mlxlaunch.engine.sweeper import IdleSweeper, parse_duration
 from mlxlaunch.engine.tuning import engine_tuning
-from mlxlaunch.engine.types import ChatMessage, Done, EngineEvent, GenerationRequest, TextDelta
+from mlxlaunch.engine.types import ChatMessage, Done, GenerationRequest, TextDelta
 from mlxlaunch.errors import ConfigError
 from mlxlaunch.server.app import ServerSettings
 from mlxlaunch.server.runner import start_server
 from mlxlaunch.testing.scripted import ScriptedOutput
 
 POLL_S = 0.01  # the worker's idle poll in these tests
+wait_until = functools.partial(shared_wait_until, poll_s=POLL_S)
 
 
 class FakeClock:
@@ -50,18 +52,6 @@ def request(name: str, max_tokens: int = 4) -> GenerationRequest:
     )
 
 
-async def collect(events: AsyncIterator[EngineEvent]) -> list[EngineEvent]:
-    return [event async for event in events]
-
-
-async def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(POLL_S)
-
-
 async def polls(n: int = 20) -> None:
     """Give the idle worker `n` chances to act (to assert that it did not)."""
     await asyncio.sleep(n * POLL_S)
@@ -69,18 +59,8 @@ async def polls(n: int = 20) -> None:
 
 @pytest.fixture
 def make_engine(tiny_model_dir: Path) -> Iterator[Callable[..., Engine]]:
-    engines: list[Engine] = []
-
-    def make(**kw: Any) -> Engine:
-        kw.setdefault("model", str(tiny_model_dir))
-        kw.setdefault("sweep_poll_s", POLL_S)
-        engine = Engine(EngineConfig(**kw))
-        engines.append(engine)
-        return engine
-
-    yield make
-    for engine in engines:
-        engine.close()
+    with engine_maker(tiny_model_dir, sweep_poll_s=POLL_S) as make:
+        yield make
 
 
 # --- durations and the policy ---------------------------------------------------------------

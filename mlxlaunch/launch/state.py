@@ -1,9 +1,8 @@
-"""State files of running servers, so `mlx dash`, `mlx doctor` and the store can find them.
+"""Writing and cleaning up the state records of running servers (format: `mlxlaunch.runstate`).
 
-One JSON file per server process: `<home>/run/<pid>.json`, where home is `$MLXLAUNCH_HOME` or
-the platform's user cache dir. The file holds the server's URL and bearer token, so it is
-written 0600 inside a 0700 directory. A file whose process is gone is stale: readers skip it
-and `running_servers` deletes it.
+One JSON file per server process: `<home>/run/<pid>.json`. The file holds the server's URL and
+bearer token, so it is written 0600 inside a 0700 directory. A file whose process is gone is
+stale: readers skip it and `running_servers` deletes it.
 """
 
 from __future__ import annotations
@@ -11,60 +10,30 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import time
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Literal
 
-from mlxlaunch.store.paths import mlxlaunch_home
-from mlxlaunch.store.running import pid_alive
+from mlxlaunch.home import mlxlaunch_home
+from mlxlaunch.runstate import RunKind, RunState, pid_alive, read_record, run_dir, scan_records
 
-RunKind = Literal["launch", "serve"]
-
-
-def run_dir(home: Path | None = None) -> Path:
-    """Directory holding one state file per running server."""
-    return (home or mlxlaunch_home()) / "run"
+__all__ = [
+    "RunKind",
+    "RunState",
+    "is_stale",
+    "logs_dir",
+    "pid_alive",
+    "read_state",
+    "remove_state",
+    "run_dir",
+    "running_servers",
+    "state_path",
+    "write_state",
+]
 
 
 def logs_dir(home: Path | None = None) -> Path:
     """Directory for the server logs of `mlx launch`."""
     return (home or mlxlaunch_home()) / "logs"
-
-
-@dataclass(frozen=True)
-class RunState:
-    """What another process needs to reach (or recognise) a running server."""
-
-    pid: int
-    url: str
-    token: str
-    model: str
-    model_path: str
-    log_file: str
-    kind: RunKind = "launch"
-    started_at: float = field(default_factory=time.time)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, object]) -> RunState:
-        """Parse a state file's content; raises ValueError when a field is missing or wrong."""
-        try:
-            kind = str(data["kind"])
-            if kind not in ("launch", "serve"):
-                raise ValueError(f"unknown kind {kind!r}")
-            return cls(
-                pid=int(data["pid"]),  # type: ignore[call-overload]
-                url=str(data["url"]),
-                token=str(data["token"]),
-                model=str(data["model"]),
-                model_path=str(data["model_path"]),
-                log_file=str(data["log_file"]),
-                kind=kind,  # type: ignore[arg-type]
-                started_at=float(data["started_at"]),  # type: ignore[arg-type]
-            )
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"bad state file content: {exc}") from exc
 
 
 def state_path(pid: int, home: Path | None = None) -> Path:
@@ -94,10 +63,7 @@ def remove_state(pid: int, home: Path | None = None) -> None:
 
 def read_state(path: Path) -> RunState | None:
     """Parse one state file; None when it is unreadable or malformed."""
-    try:
-        return RunState.from_json(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError):
-        return None
+    return read_record(path)
 
 
 def is_stale(state: RunState) -> bool:
@@ -107,16 +73,9 @@ def is_stale(state: RunState) -> bool:
 
 def running_servers(home: Path | None = None, *, prune: bool = True) -> list[RunState]:
     """Live servers, newest first. Stale or malformed files are deleted when `prune`."""
-    directory = run_dir(home)
-    if not directory.is_dir():
-        return []
-    live: list[RunState] = []
-    for path in directory.glob("*.json"):
-        state = read_state(path)
-        if state is not None and not is_stale(state):
-            live.append(state)
-        elif prune:
+    scan = scan_records(run_dir(home))
+    if prune:
+        for path in scan.dead:
             with contextlib.suppress(OSError):
                 path.unlink()
-    live.sort(key=lambda s: s.started_at, reverse=True)
-    return live
+    return sorted((state for _, state in scan.live), key=lambda s: s.started_at, reverse=True)

@@ -9,22 +9,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import platformdirs
+from mlxlaunch.home import mlxlaunch_home
+
+__all__ = ["DEFAULT_ENDPOINT", "hub_cache_dir", "hub_endpoint", "mlxlaunch_home", "registry_path"]
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
-
-
-def mlxlaunch_home() -> Path:
-    """The directory for mlxlaunch's own state: `MLXLAUNCH_HOME`, else the user cache dir."""
-    override = os.environ.get("MLXLAUNCH_HOME")
-    if override:
-        return Path(override).expanduser()
-    return Path(platformdirs.user_cache_dir("mlxlaunch"))
-
-
-def run_dir() -> Path:
-    """Where running servers leave their state records (see `store.running`)."""
-    return mlxlaunch_home() / "run"
 
 
 def registry_path() -> Path:

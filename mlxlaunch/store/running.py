@@ -1,29 +1,24 @@
-"""Which models running mlxlaunch servers have loaded, from their state records.
+"""Which models running mlxlaunch servers have loaded: a token-less view of their state records.
 
-Record format (the launcher writes one file per running server, the store only reads):
-
-    <MLXLAUNCH_HOME or platformdirs.user_cache_dir("mlxlaunch")>/run/<anything>.json
-    {"pid": int, "url": str, "model": str, "model_path": str, "started_at": float}
-
-`model` is the name the user gave (alias, repo id or path); `model_path` is the resolved
-directory. Writers also store the server's auth token (for `mlx dash` and `--print-env`), kept
-private by mode 0600 in a 0700 folder; this view never exposes it. A record whose pid is no
-longer alive is stale and ignored.
+The record format, its parser and the run directory live in `mlxlaunch.runstate` (shared with
+the launcher, which writes the records; the store only reads). Records are read `partial`, so
+one from an older writer still counts. Writers also store the server's auth token; this view
+never exposes it. A record whose pid is no longer alive is stale and ignored.
 """
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlxlaunch.store.paths import run_dir
+from mlxlaunch.runstate import RunState, pid_alive, run_dir, scan_records
+
+__all__ = ["RunningServer", "pid_alive", "running_servers", "servers_using"]
 
 
 @dataclass(frozen=True)
 class RunningServer:
-    """One live server as its state record describes it."""
+    """One live server as its state record describes it (without the token)."""
 
     pid: int
     url: str
@@ -32,44 +27,23 @@ class RunningServer:
     started_at: float
     record: Path
 
-
-def pid_alive(pid: int) -> bool:
-    """True when a process with `pid` exists (signal 0 probes without touching it)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # alive, owned by someone else
-    return True
-
-
-def _parse(record: Path) -> RunningServer | None:
-    try:
-        data = json.loads(record.read_text(encoding="utf-8"))
-        pid = int(data["pid"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    model_path = data.get("model_path")
-    return RunningServer(
-        pid=pid,
-        url=str(data.get("url", "")),
-        model=str(data.get("model", "")),
-        model_path=Path(model_path) if model_path else None,
-        started_at=float(data.get("started_at") or 0.0),
-        record=record,
-    )
+    @classmethod
+    def from_state(cls, state: RunState, record: Path) -> RunningServer:
+        """The store's view of a parsed record; the token is left behind."""
+        return cls(
+            pid=state.pid,
+            url=state.url,
+            model=state.model,
+            model_path=Path(state.model_path) if state.model_path else None,
+            started_at=state.started_at,
+            record=record,
+        )
 
 
 def running_servers(directory: Path | None = None) -> list[RunningServer]:
     """Live servers from the state records in `directory` (default: the run dir)."""
-    folder = directory or run_dir()
-    if not folder.is_dir():
-        return []
-    found = (_parse(p) for p in sorted(folder.glob("*.json")))
-    return [s for s in found if s is not None and pid_alive(s.pid)]
+    scan = scan_records(directory or run_dir(), partial=True)
+    return [RunningServer.from_state(state, path) for path, state in scan.live]
 
 
 def servers_using(path: Path, directory: Path | None = None) -> list[RunningServer]:

@@ -1,0 +1,138 @@
+"""The state record of a running server: its format, where records live, and which are live.
+
+One JSON file per server process under `<home>/run/` (home: `mlxlaunch.home`), named
+`<pid>.json` by the writer:
+
+    {"pid": int, "url": str, "token": str, "model": str, "model_path": str,
+     "log_file": str, "kind": "launch" | "serve", "started_at": float}
+
+`model` is the name the user gave (alias, repo id or path); `model_path` the resolved directory.
+The token makes records secret: writers keep them 0600 inside a 0700 directory. A record whose
+process is gone is stale. This module is top-level so both writers (`launch.state`) and
+token-less readers (`store.running`, which must not import launch) share one parser.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, TypeVar, cast
+
+from mlxlaunch.home import mlxlaunch_home
+
+RunKind = Literal["launch", "serve"]
+RUN_KINDS: tuple[RunKind, ...] = ("launch", "serve")
+
+_T = TypeVar("_T")
+
+
+def run_dir(home: Path | None = None) -> Path:
+    """Directory holding one state record per running server."""
+    return (home or mlxlaunch_home()) / "run"
+
+
+def pid_alive(pid: int) -> bool:
+    """True when a process with `pid` exists (signal 0 probes without touching it)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # alive, owned by someone else
+    return True
+
+
+@dataclass(frozen=True)
+class RunState:
+    """What another process needs to reach (or recognise) a running server."""
+
+    pid: int
+    url: str
+    token: str
+    model: str
+    model_path: str
+    log_file: str
+    kind: RunKind = "launch"
+    started_at: float = field(default_factory=time.time)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object], *, partial: bool = False) -> RunState:
+        """Parse a record's content; raises ValueError when a field is missing or wrong.
+
+        `partial` readers need only `pid`: missing fields become empty, so a record from an
+        older or foreign writer still counts as a live server (the store must not delete a
+        model such a server has loaded). Everyone who talks to the server reads strictly.
+        """
+        if not isinstance(data, Mapping):
+            raise ValueError("bad state file content: not an object")
+
+        def get(key: str, convert: Callable[[object], _T], default: _T, needed: bool = False) -> _T:
+            value = data.get(key)
+            if partial and not needed and value is None:
+                return default
+            if key not in data:
+                raise ValueError(f"bad state file content: missing {key!r}")
+            try:
+                return convert(value)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"bad state file content: {key!r}: {exc}") from exc
+
+        kind = get("kind", str, "launch")
+        if kind not in RUN_KINDS:
+            if not partial:
+                raise ValueError(f"unknown kind {kind!r}")
+            kind = "launch"  # partial readers never look at the kind
+        return cls(
+            pid=get("pid", _to_int, 0, needed=True),
+            url=get("url", str, ""),
+            token=get("token", str, ""),
+            model=get("model", str, ""),
+            model_path=get("model_path", str, ""),
+            log_file=get("log_file", str, ""),
+            kind=cast(RunKind, kind),
+            started_at=get("started_at", _to_float, 0.0),
+        )
+
+
+def _to_int(value: object) -> int:
+    return int(value)  # type: ignore[call-overload]
+
+
+def _to_float(value: object) -> float:
+    return float(value)  # type: ignore[arg-type]
+
+
+def read_record(path: Path, *, partial: bool = False) -> RunState | None:
+    """Parse one record file; None when it is unreadable or malformed."""
+    try:
+        return RunState.from_json(json.loads(path.read_text(encoding="utf-8")), partial=partial)
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class RunScan:
+    """The records of a run directory, split into live servers and files to ignore."""
+
+    live: list[tuple[Path, RunState]]
+    dead: list[Path]  # stale (process gone) or malformed
+
+
+def scan_records(directory: Path, *, partial: bool = False) -> RunScan:
+    """Read every `*.json` record in `directory` (in name order) and check its process."""
+    scan = RunScan(live=[], dead=[])
+    if not directory.is_dir():
+        return scan
+    for path in sorted(directory.glob("*.json")):
+        state = read_record(path, partial=partial)
+        if state is not None and pid_alive(state.pid):
+            scan.live.append((path, state))
+        else:
+            scan.dead.append(path)
+    return scan
