@@ -19,6 +19,7 @@ from mlxlaunch.cli.cache_options import (
 from mlxlaunch.cli.scheduler_options import (
     DEFAULT_IDLE_CLEAR,
     DEFAULT_MEMORY_FRACTION,
+    ContextLengthOption,
     IdleClearOption,
     KeepAliveOption,
     MaxConcurrencyOption,
@@ -109,9 +110,7 @@ def claude(
     port: Annotated[
         int | None, typer.Option(min=0, max=65535, help="Port to serve on (default: a free one).")
     ] = None,
-    context_length: Annotated[
-        int | None, typer.Option(min=2, help="Context window to serve (default: the model's).")
-    ] = None,
+    context_length: ContextLengthOption = None,
     max_output_tokens: Annotated[
         int | None, typer.Option(min=1, help="Claude Code's output budget (default: window/4).")
     ] = None,

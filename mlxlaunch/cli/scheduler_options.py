@@ -28,6 +28,9 @@ def _duration(value: str | None) -> str | None:
     return value
 
 
+ContextLengthOption = Annotated[
+    int | None, typer.Option(min=2, help="Context window to serve (default: the model's).")
+]
 MaxConcurrencyOption = Annotated[
     int | None, typer.Option(min=1, help="Requests decoded together (default: 8).")
 ]

@@ -25,6 +25,7 @@ from mlxlaunch.cli.cache_options import (
 from mlxlaunch.cli.scheduler_options import (
     DEFAULT_IDLE_CLEAR,
     DEFAULT_MEMORY_FRACTION,
+    ContextLengthOption,
     IdleClearOption,
     KeepAliveOption,
     MaxConcurrencyOption,
@@ -75,9 +76,7 @@ def serve(
             show_default=False,
         ),
     ] = None,
-    context_length: Annotated[
-        int | None, typer.Option(min=2, help="Context window to serve (default: the model's).")
-    ] = None,
+    context_length: ContextLengthOption = None,
     max_concurrency: MaxConcurrencyOption = None,
     idle_clear: IdleClearOption = DEFAULT_IDLE_CLEAR,
     keep_alive: KeepAliveOption = None,
