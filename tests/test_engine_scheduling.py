@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -286,3 +287,28 @@ async def test_batching_does_not_change_the_logits(make_engine: Callable[..., En
         # optimised BLAS may sum in another order for a batch, so allow float rounding.
         flat = [x for step in together.steps[:12] for x in step]
         assert flat == pytest.approx([x for step in alone.steps[:12] for x in step], rel=1e-4)
+
+
+async def test_requests_racing_the_first_load_all_succeed(
+    make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Requests that arrive while the model loads wait for it, renderer and caches included."""
+    from mlxlaunch.engine.worker import Worker
+
+    restore = Worker._make_prefix_cache
+    restoring = threading.Event()
+
+    def slow_restore(self: Worker, loaded: Any) -> Any:
+        restoring.set()
+        time.sleep(0.5)  # a disk restore of big prefixes: the rest of the load waits on it
+        return restore(self, loaded)
+
+    monkeypatch.setattr(Worker, "_make_prefix_cache", slow_restore)
+    engine = make_engine()
+    first = asyncio.ensure_future(collect(engine.submit(request("first", max_tokens=4))))
+    await asyncio.to_thread(restoring.wait, 10)  # the weights are in; the load is not done
+    later = [request(f"later-{i}", max_tokens=4) for i in range(4)]
+    results = await asyncio.gather(first, *(collect(engine.submit(r)) for r in later))
+    for events in results:
+        assert isinstance(events[-1], Done), events
+    assert engine.stats().counters.requests_failed == 0
