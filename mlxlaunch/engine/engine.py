@@ -290,8 +290,15 @@ class Engine:
 
     async def _render(self, request: GenerationRequest) -> RenderedPrompt:
         renderer = self._worker.renderer
-        if renderer is None:  # unloaded by the idle sweeper a moment ago: load it again
-            await self._loaded_info()
+        if renderer is None:  # still loading, or unloaded by the idle sweeper: wait for the load
+            # The shared load future completes only once the renderer and caches exist (the
+            # model itself may already be visible while cached prefixes are being restored).
+            if self._closed:
+                raise EngineUnavailable("the engine is closed")
+            try:
+                await self.load()
+            except MlxLaunchError as exc:
+                raise EngineUnavailable(f"the model could not be loaded: {exc.message}") from exc
             renderer = self._worker.renderer
         if renderer is None:
             raise EngineUnavailable("no model is loaded")

@@ -441,20 +441,17 @@ class Worker:
         except BaseException:
             self.stats.state = "unloaded"
             raise
-        memory = self._memory_budget(loaded)
-        prefix = self._make_prefix_cache(loaded)
-        renderer = PromptRenderer(loaded.tokenizer, self.tokenizer_lock)
-        renderer.warm(restored_prompts(prefix))  # first prompt: incremental
+        self.loaded = loaded
+        self._memory = self._memory_budget(loaded)
+        self._prefix = self._make_prefix_cache(loaded)
+        self.renderer = PromptRenderer(loaded.tokenizer, self.tokenizer_lock)
+        self.renderer.warm(restored_prompts(self._prefix))  # first prompt: incremental
         warm_up(  # MLX's first-pass set-up happens now, not in the first request's TTFT
             loaded.base_model,
             width=self.config.max_concurrency,
             prefill_chunk=self.config.prefill_chunk,
             sampler=_sampler(*_DEFAULT_SAMPLING),
         )
-        # Publish the model last: other threads take `loaded` as "ready to render and serve",
-        # so it must not appear before the renderer and caches that go with it.
-        self._memory, self._prefix, self.renderer = memory, prefix, renderer
-        self.loaded = loaded
         self.stats.model = loaded.info.id
         self.stats.state = "loaded"
 
