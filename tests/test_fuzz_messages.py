@@ -24,6 +24,7 @@ from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
 from mlxlaunch.protocol.errors import ERROR_STATUS
 from mlxlaunch.protocol.grammar import check_stream
+from mlxlaunch.protocol.requests import MessagesRequest
 from mlxlaunch.protocol.sse import parse_frames
 from mlxlaunch.server.app import ServerSettings
 from mlxlaunch.server.runner import start_server
@@ -91,7 +92,7 @@ VALID_BODIES: list[dict[str, Any]] = [
         "temperature": 0.5,
         "top_p": 0.9,
         "top_k": 20,
-        "stop_sequences": ["\n\n", "END"],
+        "stop_sequences": ["\n\nHuman:", "END"],
         "thinking": {"type": "enabled", "budget_tokens": 1024},
         "metadata": {"user_id": "u"},
         "messages": [
@@ -192,6 +193,12 @@ def _mutate(body: Any, path: tuple[Any, ...], op: str, value: Any) -> Any:
     else:
         parent[last] = value
     return body
+
+
+def test_seed_bodies_are_valid() -> None:
+    # Mutations start from these; one the validator refuses would leave the 200 path unfuzzed.
+    for body in VALID_BODIES:
+        MessagesRequest.model_validate(body)
 
 
 @st.composite

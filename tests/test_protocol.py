@@ -165,6 +165,143 @@ def test_count_tokens_needs_no_max_tokens() -> None:
     assert req.model == "m"
 
 
+def test_every_captured_request_validates_for_both_endpoints(fixtures_dir: Path) -> None:
+    # Globbed, not listed: a newly captured Claude Code request is checked against every rule.
+    bodies = [json.loads(p.read_text()).get("body") for p in sorted(fixtures_dir.glob("*.json"))]
+    requests = [b for b in bodies if isinstance(b, dict)]
+    assert len(requests) >= 3
+    for body in requests:
+        MessagesRequest.model_validate(body)
+        CountTokensRequest.model_validate(body)
+
+
+# --- emptiness: Anthropic's rules ---------------------------------------------------------
+
+USER_A = {"role": "user", "content": "a"}
+EMPTY_TURN = (
+    "all messages must have non-empty content except for the optional final assistant message"
+)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (
+            {"stop_sequences": ["END", ""]},
+            "stop_sequences.1: each stop sequence must contain non-whitespace",
+        ),
+        (
+            {"stop_sequences": [" \n\t"]},
+            "stop_sequences.0: each stop sequence must contain non-whitespace",
+        ),
+        ({"messages": [{"role": "user", "content": ""}]}, f"messages.0.content: {EMPTY_TURN}"),
+        ({"messages": [{"role": "user", "content": []}]}, f"messages.0.content: {EMPTY_TURN}"),
+        (
+            {"messages": [USER_A, {"role": "system", "content": ""}, USER_A]},
+            f"messages.1.content: {EMPTY_TURN}",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}]},
+            "messages.0.content.0.text: text content blocks must be non-empty",
+        ),
+        (
+            {
+                "messages": [
+                    USER_A,
+                    {
+                        "role": "user",
+                        "content": [{"type": "text", "text": "a"}, {"type": "text", "text": ""}],
+                    },
+                ]
+            },
+            "messages.1.content.1.text: text content blocks must be non-empty",
+        ),
+    ],
+    ids=[
+        "empty-stop",
+        "blank-stop",
+        "empty-string-user",
+        "no-blocks-user",
+        "empty-system-turn",
+        "empty-text-block",
+        "empty-second-text-block",
+    ],
+)
+def test_empty_content_is_refused_like_anthropic(overrides: dict[str, Any], expected: str) -> None:
+    assert _refusal(_body(**overrides)) == expected
+
+
+def test_empty_turn_is_refused_by_count_tokens_too() -> None:
+    body = {"model": "m", "messages": [USER_A, {"role": "user", "content": []}]}
+    with pytest.raises(ValidationError) as info:
+        CountTokensRequest.model_validate(body)
+    assert describe_validation_error(info.value, body) == f"messages.1.content: {EMPTY_TURN}"
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"messages": [USER_A, {"role": "assistant", "content": ""}]},
+        {"messages": [USER_A, {"role": "assistant", "content": []}]},
+        # Assistant turns may be empty anywhere: a local model's empty reply comes back in the
+        # history of every later request, and a 400 there would wedge the session.
+        {"messages": [USER_A, {"role": "assistant", "content": []}, USER_A]},
+        {"messages": [USER_A, {"role": "assistant", "content": ""}, USER_A]},
+        {
+            "messages": [
+                USER_A,
+                {"role": "assistant", "content": [{"type": "text", "text": ""}]},
+                USER_A,
+            ]
+        },
+        # PROTOCOL.md says nothing against a leading assistant turn: it stays accepted.
+        {"messages": [{"role": "assistant", "content": "x"}, USER_A]},
+        {"stop_sequences": ["\n\nHuman:", " END "]},
+        # Only text directly in a message is held to it; tool results and system stay lenient.
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": "t", "content": ""},
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "u",
+                            "content": [{"type": "text", "text": ""}],
+                        },
+                    ],
+                }
+            ]
+        },
+        {"system": [{"type": "text", "text": ""}]},
+    ],
+    ids=[
+        "empty-string-prefill",
+        "no-blocks-prefill",
+        "no-blocks-assistant-mid",
+        "empty-string-assistant-mid",
+        "empty-text-block-assistant-mid",
+        "leading-assistant",
+        "stop-with-text",
+        "empty-tool-results",
+        "empty-system-block",
+    ],
+)
+def test_allowed_emptiness_is_accepted(overrides: dict[str, Any]) -> None:
+    MessagesRequest.model_validate(_body(**overrides))
+
+
+def test_type_errors_inside_a_text_block_name_the_field_once() -> None:
+    # The block's tag and its field are both called `text`: the path must show it once.
+    content = [{"type": "text", "text": 5}]
+    message = _refusal(_body(messages=[{"role": "user", "content": content}]))
+    assert message == "messages.0.content.0.text: Input should be a valid string"
+    thinking = [{"type": "thinking", "thinking": 5}]
+    message = _refusal(_body(messages=[USER_A, {"role": "assistant", "content": thinking}]))
+    assert message == "messages.1.content.0.thinking: Input should be a valid string"
+    assert _refusal(_body(system=[{"type": "text", "text": 5}])).startswith("system.0.text: ")
+
+
 def test_error_envelope_and_table() -> None:
     assert error_body("rate_limit_error", "slow down") == {
         "type": "error",

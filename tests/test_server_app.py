@@ -222,6 +222,22 @@ def _valid(**fields: Any) -> dict[str, Any]:
             "messages.0.content.1.tool_use_id: Field required",
         ),
         (_valid(messages=[{"role": "user", "content": [{"type": "nope"}]}]), "'nope'"),
+        (_valid(stop_sequences=["END", " "]), "stop_sequences.1: each stop sequence must"),
+        (_valid(messages=[{"role": "user", "content": []}]), "messages.0.content: all messages"),
+        (
+            _valid(
+                messages=[
+                    *HI,
+                    {"role": "assistant", "content": "a"},
+                    {"role": "user", "content": ""},
+                ]
+            ),
+            "messages.2.content: all messages must have non-empty content",
+        ),
+        (
+            _valid(messages=[{"role": "user", "content": [{"type": "text", "text": ""}]}]),
+            "messages.0.content.0.text: text content blocks must be non-empty",
+        ),
     ],
 )
 def test_malformed_bodies_are_400_naming_the_field(served: Served, body: Any, names: str) -> None:
@@ -240,6 +256,21 @@ def test_count_tokens_validates_too(served: Served) -> None:
         "invalid_request_error",
     )
     assert message.startswith("messages:")
+    empty_turn = {"model": "m", "messages": [{"role": "user", "content": ""}]}
+    message = _envelope(
+        served.post("/v1/messages/count_tokens", empty_turn), 400, "invalid_request_error"
+    )
+    assert message.startswith("messages.0.content: all messages must have non-empty content")
+
+
+def test_empty_final_assistant_prefill_is_served(served: Served) -> None:
+    # Anthropic allows the final assistant turn (a prefill) to be empty; so do we.
+    no_blocks: list[Any] = []
+    for content in ("", no_blocks):
+        body = _valid(messages=[*HI, {"role": "assistant", "content": content}])
+        response = served.post("/v1/messages", body)
+        assert response.status_code == 200, response.text
+        assert response.json()["type"] == "message"
 
 
 # --- auth, routes, model ids --------------------------------------------------------------

@@ -32,7 +32,7 @@ def test_basic_fields() -> None:
         temperature=0.0,
         top_p=0.5,
         top_k=3,
-        stop_sequences=["END", ""],
+        stop_sequences=["END", "\n\nHuman:"],
         system="sys",
     )
     assert gen.messages == [
@@ -43,7 +43,7 @@ def test_basic_fields() -> None:
         gen.max_tokens == 9 and gen.request_id == "msg_x" and gen.model_alias == "claude-haiku-4-5"
     )
     assert (gen.sampling.temperature, gen.sampling.top_p, gen.sampling.top_k) == (0.0, 0.5, 3)
-    assert gen.stop_sequences == ["END"]
+    assert gen.stop_sequences == ["END", "\n\nHuman:"]
     assert gen.thinking is False and gen.tools == [] and gen.response_schema is None
 
 

@@ -90,10 +90,18 @@ def wire_path(loc: tuple[int | str, ...], raw: Any) -> str:
     """Join a pydantic error location into a dotted wire path, skipping union tags."""
     names: list[str] = []
     node: Any = raw
-    for step in loc:
-        is_tag = isinstance(node, dict) and step not in node and node.get("type") == step
+    for position, step in enumerate(loc):
+        following = loc[position + 1] if position + 1 < len(loc) else None
+        # A step naming the block's own type is a discriminator tag, not a field, unless it is
+        # also a key the location goes no further into: `{"type": "text", "text": ""}` gives
+        # `content.1.text.text` (tag then field) but `system.0.text` (field only).
+        is_tag = (
+            isinstance(node, dict)
+            and node.get("type") == step
+            and (step not in node or following in node)
+        )
         if is_tag:
-            continue  # a discriminator tag, not a field
+            continue
         names.append(str(step))
         if isinstance(node, dict) and isinstance(step, str):
             node = node.get(step)

@@ -4,13 +4,26 @@ Unknown fields are ignored everywhere (Claude Code adds fields every release: `c
 `defer_loading`, `context_management`, `metadata`, ...). Fields whose mistakes would change the
 output are strict: `model`, `messages`, `max_tokens`, roles and the shape of each content block.
 Content blocks are a discriminated union on `type`, so an unknown block type is a 400 naming it.
+Emptiness follows Anthropic's rules (it answers 400 to these, so clients never rely on them):
+no empty user or system turn, no empty text block in one, no whitespace-only stop sequence.
+Assistant turns are the exception, anywhere in the conversation: a local model can end its
+reply at once, and that empty reply comes back in the client's history on every later turn —
+refusing it would wedge the session for good.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from mlxlaunch.protocol import limits
 
@@ -105,7 +118,12 @@ class InputMessage(WireModel):
     role: Literal["user", "assistant", "system"]
     content: Annotated[list[ContentBlock], Field(max_length=limits.MAX_BLOCKS)]
 
-    _normalise_content = field_validator("content", mode="before")(_text_to_blocks)
+    @field_validator("content", mode="before")
+    @classmethod
+    def _normalise_content(cls, value: Any) -> Any:
+        # "" is no content rather than one empty text block: an empty turn gets the
+        # empty-message error (and an empty assistant turn stays allowed).
+        return [] if value == "" else _text_to_blocks(value)
 
     @model_validator(mode="after")
     def _system_turns_are_text(self) -> InputMessage:
@@ -213,6 +231,26 @@ class CountTokensRequest(WireModel):
     # Any plain id is served by the loaded model; a path or URL is refused (never loaded).
     _plain_model_id = field_validator("model")(limits.check_model_id)
 
+    @model_validator(mode="after")
+    def _turns_have_content(self) -> CountTokensRequest:
+        # Tool results and the top-level system prompt stay lenient: refusing there is not
+        # known to match Anthropic. Assistant turns too (see the module docstring).
+        for index, turn in enumerate(self.messages):
+            if turn.role == "assistant":
+                continue
+            if not turn.content:
+                raise ValueError(
+                    f"messages.{index}.content: all messages must have non-empty content "
+                    "except for the optional final assistant message"
+                )
+            for position, block in enumerate(turn.content):
+                if isinstance(block, TextBlock) and not block.text:
+                    raise ValueError(
+                        f"messages.{index}.content.{position}.text: "
+                        "text content blocks must be non-empty"
+                    )
+        return self
+
     @property
     def response_format(self) -> JsonSchemaFormat | None:
         """The requested JSON-schema output format, whichever spelling the client used."""
@@ -221,17 +259,27 @@ class CountTokensRequest(WireModel):
         return self.output_format
 
 
+def _has_non_whitespace(stop: str) -> str:
+    # Anthropic's rule; an empty stop sequence would also match at every position.
+    if not stop.strip():
+        raise ValueError("each stop sequence must contain non-whitespace")
+    return stop
+
+
+StopSequence = Annotated[
+    str,
+    Field(strict=True, max_length=limits.MAX_STOP_SEQUENCE_CHARS),
+    AfterValidator(_has_non_whitespace),
+]
+
+
 class MessagesRequest(CountTokensRequest):
     """Body of `POST /v1/messages`."""
 
     max_tokens: TokenCount
     stream: Annotated[bool, Field(strict=True)] = False
     stop_sequences: (
-        Annotated[
-            list[Annotated[str, Field(strict=True, max_length=limits.MAX_STOP_SEQUENCE_CHARS)]],
-            Field(max_length=limits.MAX_STOP_SEQUENCES),
-        ]
-        | None
+        Annotated[list[StopSequence], Field(max_length=limits.MAX_STOP_SEQUENCES)] | None
     ) = None
     temperature: Annotated[float, Field(strict=True, ge=0.0, le=1.0)] | None = None
     top_p: Annotated[float, Field(strict=True, ge=0.0, le=1.0)] | None = None

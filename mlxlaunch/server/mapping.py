@@ -102,7 +102,7 @@ def to_generation_request(
 
     if isinstance(req, MessagesRequest):
         max_tokens = req.max_tokens
-        stop_sequences = [s for s in req.stop_sequences or [] if s]
+        stop_sequences = list(req.stop_sequences or [])  # validated: none is blank
         sampling = Sampling(
             temperature=1.0 if req.temperature is None else req.temperature,
             top_p=1.0 if req.top_p is None else req.top_p,
