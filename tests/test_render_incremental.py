@@ -36,6 +36,8 @@ from mlxlaunch.engine.tokenize_cache import (
     IncrementalTokenizer,
     boundary_tokens,
     common_prefix_length,
+    last_line_start,
+    line_starts,
 )
 from mlxlaunch.engine.types import ChatMessage, GenerationRequest, ToolCallRecord, ToolSpec
 
@@ -121,13 +123,15 @@ pieces = st.lists(st.sampled_from(PIECES) | st.text(max_size=6), max_size=40)
 steps = st.lists(st.tuples(st.floats(0, 1), st.integers(0, 3), pieces), min_size=1, max_size=6)
 
 
-def test_random_texts_and_split_points_tokenize_exactly(tokenizer: Any) -> None:
+@pytest.mark.parametrize("min_line_gain", [32, 1])
+def test_random_texts_and_split_points_tokenize_exactly(tokenizer: Any, min_line_gain: int) -> None:
     partial_hits = []
+    line_hits = []
 
     @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
     @given(pieces, steps)
     def check(first: list[str], session: list[tuple[float, int, list[str]]]) -> None:
-        encoder = IncrementalTokenizer(tokenizer, capacity=3)
+        encoder = IncrementalTokenizer(tokenizer, capacity=3, min_line_gain=min_line_gain)
         text = "".join(first)
         assert encoder.encode(text) == reference(tokenizer, text)
         previous = first
@@ -137,9 +141,13 @@ def test_random_texts_and_split_points_tokenize_exactly(tokenizer: Any) -> None:
             assert encoder.encode(text) == reference(tokenizer, text), (previous, text)
             previous = [kept[: len(kept) - trim], *more]
         partial_hits.append(encoder.stats.partial_hits)
+        line_hits.append(encoder.stats.line_hits)
 
     check()
     assert sum(partial_hits) > 10  # the incremental path really ran
+    # With every gain allowed, splits at line starts ran too, where the tokenizer allows them.
+    if min_line_gain == 1 and IncrementalTokenizer(tokenizer).line_splits:
+        assert sum(line_hits) > 0
 
 
 def test_only_tokens_that_nothing_can_merge_across_are_split_points() -> None:
@@ -222,6 +230,33 @@ def test_a_claude_code_session_reuses_almost_every_token(chat_tokenizer: Tokeniz
     assert stats.misses == 1 and stats.partial_hits == later and stats.exact_hits == 1 + later
     # Every later prompt shared all but its last turn with the one before.
     assert stats.reused_tokens > 0.8 * len(tokens) * (1 + len(plan.warm))
+
+
+def test_a_new_session_splits_its_first_message_at_a_line_start(
+    chat_tokenizer: TokenizerWrapper,
+) -> None:
+    # A new session shares the system prompt, tools and most of the first user message (the
+    # environment reminder) and differs only at its end: no special token is near the change.
+    plan = build_plan(BenchConfig.create(quick=False, turns=1, warm_sessions=2))
+    renderer = PromptRenderer(chat_tokenizer)
+    assert renderer.encoder.line_splits
+    first, second = (claude_code_request(c) for c in plan.warm)
+    renderer.render(first)
+    tokens = renderer.render(second).tokens
+    assert tokens == reference(chat_tokenizer, renderer.render_text(second))
+    stats = renderer.encoder.stats
+    assert stats.line_hits == 1
+    assert stats.reused_tokens > len(tokens) - 64  # all but the changed line or so
+
+
+def test_line_starts_are_splits_only_where_the_pre_tokenizer_allows() -> None:
+    assert IncrementalTokenizer(hf_tokenizer(TOKENIZERS["byte-level"]())).line_splits
+    # A SentencePiece-style tokenizer keeps "\n" inside pieces: only special tokens split.
+    assert not IncrementalTokenizer(hf_tokenizer(TOKENIZERS["metaspace"]())).line_splits
+    assert line_starts("a\nb\n c\n\nd\n", 0, 12) == [2, 8]
+    assert last_line_start("a\nb\n c\n\nd\n", 0, 12) == 8
+    assert last_line_start("a\nb\n c\n\nd\n", 0, 8) == 2
+    assert last_line_start("abc", 0, 3) == -1
 
 
 @settings(max_examples=300, deadline=None)

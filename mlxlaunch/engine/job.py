@@ -124,6 +124,8 @@ class Job:
     cached_tokens: int = 0
     started_at: float | None = None
     first_token_at: float | None = None
+    # The first token, sent as soon as it was sampled; the generator reports it a step later.
+    sent_ahead: int | None = None
     output_tokens: int = 0
     last_progress: int = -1
     output: OutputStream | None = None

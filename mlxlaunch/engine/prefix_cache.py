@@ -217,6 +217,19 @@ class PrefixCache:
                 restored += 1
         return restored
 
+    def warm_start_cache(self) -> list[Any] | None:
+        """A private copy of the most recently restored prefix's cache (None if there is
+        none), for a throwaway warm-up prefill at the context length the first request will
+        have. Not counted as a lookup: no request asked."""
+        if self.disk is None or self.exact:
+            return None
+        for entry in self.disk.recent(1):
+            tokens = [int(t) for t in entry.tokens]
+            found = self.memory.match(tokens)
+            if found > 0:
+                return self.memory.fetch(tokens, found)
+        return None
+
     # --- stats --------------------------------------------------------------------------
 
     def figures(self) -> CacheFigures:

@@ -23,6 +23,17 @@ Tokenizing T + R rather than R keeps anything that depends on a piece's position
 (e.g. a Metaspace pre-tokenizer prepending only to the very first piece) as it is in the full
 text. Boundary positions come from the tokenizer's own offsets, never from searching the text.
 
+Line starts. Special tokens can be far apart: a new session's first user message (instructions,
+environment, CLAUDE.md) is ~2.5k tokens without one, and re-tokenizing it costs ~4 ms, mostly
+in the pre-tokenizer's regular expression. For byte-level BPE tokenizers (GPT-2, Llama 3,
+Qwen, DeepSeek) a line start — a position after "\n" whose character is not whitespace — is
+also a split point: their pre-tokenizer expressions end every piece containing a newline at
+its last newline, and never start a piece with a newline followed by more. A remembered text
+then also keeps the end offset of each token, and a new text that diverges well after a line
+start where the old tokens split reuses them up to there. That this holds is checked on a probe
+text when the tokenizer is first seen, for every line start in it; a tokenizer that fails, or
+has a normalizer or a pre-tokenizer not of that kind, uses special tokens only.
+
 Anything else — a tokenizer that is not a plain `tokenizers` backend, one with truncation or
 padding configured, a slow tokenizer — is tokenized in full every time, exactly as before.
 
@@ -31,6 +42,7 @@ Not thread-safe: the caller holds the tokenizer lock around every call.
 
 from __future__ import annotations
 
+import json
 from array import array
 from bisect import bisect_right
 from collections import OrderedDict
@@ -39,6 +51,19 @@ from dataclasses import dataclass
 from typing import Any
 
 DEFAULT_CAPACITY = 8
+# Characters between a line-start split and the first character that differs: the pre-tokenizer
+# looks at most a character past a piece's end; the rest is a safety margin.
+LINE_SPLIT_MARGIN = 16
+# A line-start split is used only when it reuses at least this many more tokens than the last
+# special token would (below that, re-tokenizing costs too little to matter).
+MIN_LINE_GAIN = 32
+# Text on which line starts are verified as split points: code, prose, markup, unicode,
+# whitespace runs, CRLF, punctuation before newlines.
+_LINE_PROBE = (
+    "def main(argv):\n    return run(argv)  # ok\n\n\nclass A:\n\tpass\n"
+    "Hello, world!\nLine two.\r\nThird: é ü 漢字 🙂\n  indented\n- item\n* star\n"
+    "<tag attr='x'>\n</tag>\n```python\nx = 1\n```\n12345 67\n'quoted'\n...\nend"
+)
 # A probe for the backend check: chat markup, code, unicode, and whitespace runs.
 _PROBE = "Hello  world!\n\n\tdef f(x):  return x ** 2  # é ü 漢字 🙂\r\n   end"
 
@@ -46,12 +71,14 @@ _PROBE = "Hello  world!\n\n\tdef f(x):  return x ** 2  # é ü 漢字 🙂\r\n  
 @dataclass
 class _Entry:
     """A remembered text, its token ids, and its boundaries: `marks[i]` characters of the text
-    are exactly `ends[i]` tokens, and the text at `marks[i]` ends with a boundary token."""
+    are exactly `ends[i]` tokens, and the text at `marks[i]` ends with a boundary token.
+    `offsets[j]`: where token j ends in the text (kept only where line starts are splits)."""
 
     text: str
     ids: array[int]
     marks: list[int]
     ends: list[int]
+    offsets: array[int] | None = None
 
 
 @dataclass
@@ -63,6 +90,7 @@ class TokenizeStats:
     misses: int = 0
     reused_tokens: int = 0
     primed: int = 0
+    line_hits: int = 0  # partial hits split at a line start rather than a special token
 
 
 def backend_of(hf_tokenizer: Any) -> Any | None:
@@ -119,6 +147,72 @@ def boundary_tokens(backend: Any) -> dict[int, str]:
     return safe
 
 
+def line_starts_split(backend: Any) -> bool:
+    """Whether a line start is a split point for `backend` (see the module docstring): a
+    byte-level BPE with no normalizer, and exact on every line start of a probe text."""
+    try:
+        description = json.loads(backend.to_str())
+    except Exception:
+        return False
+    if description.get("normalizer") is not None or not _byte_level(
+        description.get("pre_tokenizer")
+    ):
+        return False
+    full = backend.encode(_LINE_PROBE, add_special_tokens=False)
+    ends = [end for _, end in full.offsets]
+    for start in line_starts(_LINE_PROBE, 0, len(_LINE_PROBE)):
+        kept = bisect_right(ends, start)
+        if kept == 0 or ends[kept - 1] != start:
+            return False
+        tail = backend.encode(_LINE_PROBE[start:], add_special_tokens=False).ids
+        if full.ids[:kept] + tail != full.ids:
+            return False
+    return True
+
+
+def _byte_level(pre_tokenizer: Any) -> bool:
+    """A ByteLevel pre-tokenizer without a prefix space, alone or after regex splits."""
+    if not isinstance(pre_tokenizer, dict):
+        return False
+    kind = pre_tokenizer.get("type")
+    if kind == "ByteLevel":
+        return pre_tokenizer.get("add_prefix_space") is False
+    if kind == "Sequence":
+        steps = pre_tokenizer.get("pretokenizers") or []
+        return (
+            bool(steps)
+            and all(step.get("type") in ("Split", "ByteLevel", "Digits") for step in steps)
+            and all(_byte_level(step) for step in steps if step.get("type") == "ByteLevel")
+            and any(step.get("type") == "ByteLevel" for step in steps)
+        )
+    return False
+
+
+def line_starts(text: str, low: int, high: int) -> list[int]:
+    """Positions in [low, high) that follow a "\n" and hold a non-whitespace character."""
+    found = []
+    at = text.find("\n", max(0, low - 1), high)
+    while at >= 0:
+        start = at + 1
+        if low <= start < high and start < len(text) and not text[start].isspace():
+            found.append(start)
+        at = text.find("\n", start, high)
+    return found
+
+
+def last_line_start(text: str, low: int, high: int) -> int:
+    """The last line start in [low, high), or -1."""
+    at = text.rfind("\n", max(0, low - 1), max(0, high - 1))
+    while at >= 0:
+        start = at + 1
+        if start >= low and start < len(text) and not text[start].isspace():
+            return start
+        if start <= low:
+            return -1
+        at = text.rfind("\n", max(0, low - 1), at)
+    return -1
+
+
 def _continues(other: str, text: str) -> bool:
     """Whether `other` contains `text` somewhere other than at its very end."""
     at = other.find(text)
@@ -133,11 +227,14 @@ class IncrementalTokenizer:
     """`encode(text)` equal to the tokenizer's own `encode(text, add_special_tokens=False)`,
     reusing the ids of up to `capacity` recently encoded texts (least recently used dropped)."""
 
-    def __init__(self, hf_tokenizer: Any, capacity: int = DEFAULT_CAPACITY) -> None:
+    def __init__(
+        self, hf_tokenizer: Any, capacity: int = DEFAULT_CAPACITY, min_line_gain: int = MIN_LINE_GAIN
+    ) -> None:
         self._fallback: Callable[[str], Sequence[int]] = lambda text: hf_tokenizer.encode(
             text, add_special_tokens=False
         )
         self.capacity = capacity
+        self.min_line_gain = min_line_gain
         self.stats = TokenizeStats()
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         self._next_key = 0
@@ -149,6 +246,14 @@ class IncrementalTokenizer:
             backend = None
         self._backend = backend
         self.boundaries = boundary_tokens(backend) if backend is not None else {}
+        self.line_splits = (
+            backend is not None and bool(self.boundaries) and line_starts_split(backend)
+        )
+        # Added tokens are matched on the raw text before anything else: one that starts
+        # before a split and ends past the first differing character would change the
+        # tokens before the split, so the margin covers the longest of them.
+        added = backend.get_added_tokens_decoder().values() if backend is not None else []
+        self._line_margin = max([LINE_SPLIT_MARGIN, *(len(t.content) + 1 for t in added)])
 
     @property
     def incremental(self) -> bool:
@@ -164,8 +269,12 @@ class IncrementalTokenizer:
                 self._entries.move_to_end(key)
                 self.stats.exact_hits += 1
                 return seen.ids.tolist()
-        entry, mark = self._best_prefix(text)
-        if entry is not None:
+        entry, mark, shared = self._best_prefix(text)
+        if entry is not None and self.line_splits:
+            ids = self._continue_at_line(entry, mark, shared, text)
+            if ids is not None:
+                return ids
+        if entry is not None and mark >= 0:
             ids = self._continue(entry, mark, text)
             if ids is not None:
                 return ids
@@ -205,18 +314,18 @@ class IncrementalTokenizer:
 
     # --- internals ------------------------------------------------------------------------
 
-    def _best_prefix(self, text: str) -> tuple[_Entry | None, int]:
-        """The remembered entry sharing the most boundary-ended tokens with `text`, and the
-        index of that boundary in its marks (-1: none)."""
+    def _best_prefix(self, text: str) -> tuple[_Entry | None, int, int]:
+        """The remembered entry sharing the most text with `text` (and so the most reusable
+        tokens), the index of the last boundary inside that shared text in its marks (-1:
+        none), and how many characters they share."""
         best: _Entry | None = None
-        best_mark = -1
-        best_tokens = 0
+        best_mark, best_shared = -1, 0
         for entry in self._entries.values():
             shared = common_prefix_length(entry.text, text)
-            mark = bisect_right(entry.marks, shared) - 1  # the last boundary inside it
-            if mark >= 0 and entry.ends[mark] > best_tokens:
-                best, best_mark, best_tokens = entry, mark, entry.ends[mark]
-        return best, best_mark
+            if shared > best_shared:
+                best, best_shared = entry, shared
+                best_mark = bisect_right(entry.marks, shared) - 1  # the last boundary inside
+        return best, best_mark, best_shared
 
     def _continue(self, entry: _Entry, mark: int, text: str) -> list[int] | None:
         """`text`'s ids: the entry's ids up to boundary `mark`, then the rest tokenized from the
@@ -232,6 +341,7 @@ class IncrementalTokenizer:
             return None
         ids = entry.ids[:kept]
         ids.extend(tail_ids[1:])
+        offsets = self._joined_offsets(entry, kept, tail, start, skip=1)
         marks, ends = entry.marks[: mark + 1], entry.ends[: mark + 1]
         for index in self._boundary_indices(tail_ids):
             if index == 0:
@@ -251,8 +361,58 @@ class IncrementalTokenizer:
             # save tokenizing its few characters after its last boundary. One conversation
             # thus keeps one entry, however many turns it has.
             self._forget(entry)
-        self._remember(_Entry(text, ids, marks, ends))
+        self._remember(_Entry(text, ids, marks, ends, offsets))
         return ids.tolist()
+
+    def _continue_at_line(
+        self, entry: _Entry, mark: int, shared: int, text: str
+    ) -> list[int] | None:
+        """`text`'s ids split at the last line start well inside the shared text, where the
+        old tokens split too; None where that would not reuse clearly more than `mark`."""
+        assert self._backend is not None
+        offsets = entry.offsets
+        if offsets is None:
+            return None
+        special_kept = entry.ends[mark] if mark >= 0 else 0
+        special_split = entry.marks[mark] if mark >= 0 else 0
+        start = last_line_start(text, special_split + 1, shared - self._line_margin)
+        if start < 0:
+            return None
+        kept = bisect_right(offsets, start)
+        if kept - special_kept < self.min_line_gain or offsets[kept - 1] != start:
+            return None  # too little to gain, or an old token spans the line start
+        tail = self._backend.encode(text[start:], add_special_tokens=False)
+        ids = entry.ids[:kept]
+        ids.extend(tail.ids)
+        new_offsets = self._joined_offsets(entry, kept, tail, start, skip=0)
+        marks, ends = entry.marks[: mark + 1], entry.ends[: mark + 1]
+        for index in self._boundary_indices(tail.ids):
+            chars = tail.token_to_chars(index)
+            if (
+                chars is None
+                or text[start + chars[0] : start + chars[1]] != self.boundaries[tail.ids[index]]
+            ):
+                return None
+            marks.append(start + chars[1])
+            ends.append(kept + index + 1)
+        self.stats.partial_hits += 1
+        self.stats.line_hits += 1
+        self.stats.reused_tokens += kept
+        if mark == len(entry.marks) - 1 and start >= len(entry.text) - self._line_margin:
+            self._forget(entry)  # as in _continue: the new text covers the old one
+        self._remember(_Entry(text, ids, marks, ends, new_offsets))
+        return ids.tolist()
+
+    def _joined_offsets(
+        self, entry: _Entry, kept: int, tail: Any, start: int, skip: int
+    ) -> array[int] | None:
+        """Token end offsets of the entry's first `kept` tokens followed by the tail's (from
+        its token `skip` on, shifted by `start`); None where line starts are not splits."""
+        if not self.line_splits or entry.offsets is None:
+            return None
+        joined = entry.offsets[:kept]
+        joined.extend(start + end for _, end in tail.offsets[skip:])
+        return joined
 
     def _tokenize(self, text: str) -> tuple[list[int], _Entry | None]:
         """All of `text`'s ids, and an entry to remember them by (None: offsets that do not
@@ -268,7 +428,8 @@ class IncrementalTokenizer:
                 return ids, None
             marks.append(chars[1])
             ends.append(index + 1)
-        return ids, _Entry(text, array("i", ids), marks, ends)
+        offsets = array("i", [end for _, end in encoding.offsets]) if self.line_splits else None
+        return ids, _Entry(text, array("i", ids), marks, ends, offsets)
 
     def _boundary_indices(self, ids: list[int]) -> list[int]:
         """Indices of boundary tokens in `ids`, in order (list.index scans in C)."""

@@ -22,8 +22,10 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
+from mlxlaunch.engine import cpu_attention
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.constrain import forget_tokenizer
+from mlxlaunch.engine.first_token import sampled_first_tokens
 from mlxlaunch.engine.job import Job, OutputStream, parser_config
 from mlxlaunch.engine.loader import LoadedModel, load_model
 from mlxlaunch.engine.memory import MemoryBudget, apply_memory_limits, kv_bytes_per_token
@@ -44,13 +46,15 @@ from mlxlaunch.engine.types import (
     Timings,
     Usage,
 )
-from mlxlaunch.engine.warmup import warm_up
+from mlxlaunch.engine.warmup import WARMUP_PROMPT_TOKENS, warm_up
 
 Command = Callable[[], None]
 
 # The sampler of a request that sets none (Sampling's defaults), which the warm-up compiles.
 _DEFAULT_SAMPLING = (Sampling().temperature, Sampling().top_p, Sampling().top_k)
 
+# Tokens of the warm-up prefill on top of a restored prefix: about a new session's first message.
+RESTORED_WARMUP_TOKENS = 32
 # How often (seconds) the worker refreshes the memory figures in stats.
 MEMORY_POLL_S = 1.0
 # Length (seconds) of one window over which the generator's speed counters are read.
@@ -293,6 +297,7 @@ class Worker:
             self._fail_batch(exc)
             return
         touched: list[Job] = []
+        prompts_ended: list[int] = []
         for progress in prompt_responses:
             job = self._running.get(progress.uid)
             if job is None:
@@ -304,12 +309,24 @@ class Worker:
                 touched.append(job)
             if progress.end_of_segment and done == job.prompt_tokens - 1:
                 self._snapshot_prompt(job)
+            if progress.end_of_prompt:
+                prompts_ended.append(progress.uid)
+        for uid, token in sampled_first_tokens(generator, prompts_ended).items():
+            job = self._running.get(uid)
+            if job is not None and self._send_ahead(job, token):
+                touched.append(job)
         for response in generation_responses:
             job = self._running.get(response.uid)
             if job is None:
                 continue
+            sent = job.sent_ahead is not None
+            if sent and response.token != job.sent_ahead:  # never expected: fail loudly
+                self._remove_from_batch(job)
+                self._end_with_error(job, GenerationFailed("the first token changed"))
+                continue
+            job.sent_ahead = None
             try:
-                self._on_token(job, response.token, response.finish_reason)
+                self._on_token(job, response.token, response.finish_reason, already_sent=sent)
             except Exception as exc:  # parser or detokenizer trouble is this job's alone
                 self._remove_from_batch(job)
                 self._end_with_error(job, GenerationFailed(f"output processing failed: {exc}"))
@@ -322,18 +339,40 @@ class Worker:
         for job in touched:
             job.flush()
 
-    def _on_token(self, job: Job, token: int, finish_reason: str | None) -> None:
-        now = self.config.clock()
-        if job.first_token_at is None:
-            job.first_token_at = now
-        job.output_tokens += 1
+    def _send_ahead(self, job: Job, token: int) -> bool:
+        """Send a first token before the generator reports it (see first_token.py), unless
+        the generator will end the sequence on it: an end-of-turn token, or max_tokens 1."""
+        loaded = self.loaded
+        if loaded is None or job.max_tokens <= 1 or token in loaded.info.eos_token_ids:
+            return False
+        try:
+            self._on_token(job, token, None)
+        except Exception as exc:  # parser or detokenizer trouble is this job's alone
+            self._remove_from_batch(job)
+            self._end_with_error(job, GenerationFailed(f"output processing failed: {exc}"))
+            return False
+        if not job.finished:
+            job.sent_ahead = token
+        return True
+
+    def _on_token(
+        self, job: Job, token: int, finish_reason: str | None, *, already_sent: bool = False
+    ) -> None:
+        """Count and parse one generated token, and end the job when it ends the output.
+        `already_sent`: the token went out ahead; only the generator's verdict is new."""
         output = job.output
         assert output is not None
+        if not already_sent:
+            now = self.config.clock()
+            if job.first_token_at is None:
+                job.first_token_at = now
+            job.output_tokens += 1
         if finish_reason == "stop":  # an end-of-turn token: never shown as text
             self._running.pop(job.uid or 0, None)
             self._complete(job, "end_turn")
             return
-        job.pending.extend(output.push(token))
+        if not already_sent:
+            job.pending.extend(output.push(token))
         if output.parser.done:  # a stop sequence, or the last allowed tool call
             self._remove_from_batch(job)
             self._complete(job, "stop_sequence" if output.parser.stopped else "tool_use")
@@ -442,18 +481,29 @@ class Worker:
             self.stats.state = "unloaded"
             raise
         self.loaded = loaded
+        cpu_attention.install()  # the CPU backend's attention, before anything runs the model
         self._memory = self._memory_budget(loaded)
         self._prefix = self._make_prefix_cache(loaded)
         self.renderer = PromptRenderer(loaded.tokenizer, self.tokenizer_lock)
         self.renderer.warm(restored_prompts(self._prefix))  # first prompt: incremental
-        warm_up(  # MLX's first-pass set-up happens now, not in the first request's TTFT
+        # MLX's first-pass set-up happens now, not in the first request's TTFT; then the
+        # same at the context length of the restored prefix a first request will continue.
+        self._warm_up(loaded, None, WARMUP_PROMPT_TOKENS)
+        restored = self._prefix.warm_start_cache() if self._prefix is not None else None
+        if restored is not None:
+            self._warm_up(loaded, restored, RESTORED_WARMUP_TOKENS)
+        self.stats.model = loaded.info.id
+        self.stats.state = "loaded"
+
+    def _warm_up(self, loaded: LoadedModel, cache: list[Any] | None, prompt_tokens: int) -> None:
+        warm_up(
             loaded.base_model,
             width=self.config.max_concurrency,
             prefill_chunk=self.config.prefill_chunk,
             sampler=_sampler(*_DEFAULT_SAMPLING),
+            cache=cache,
+            prompt_tokens=prompt_tokens,
         )
-        self.stats.model = loaded.info.id
-        self.stats.state = "loaded"
 
     def _require_loaded(self) -> LoadedModel:
         if self.loaded is None:

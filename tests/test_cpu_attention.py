@@ -1,0 +1,109 @@
+"""The CPU attention (engine/cpu_attention.py) against MLX's own, and in the engine."""
+
+from __future__ import annotations
+
+import sys
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models import base
+
+from mlxlaunch.engine import cpu_attention
+from mlxlaunch.engine.cpu_attention import attention, block_rows, covers
+
+
+def reference(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: object) -> mx.array:
+    """Plain float64-free float32 softmax attention with keys repeated per group."""
+    group = q.shape[1] // k.shape[1]
+    k = mx.repeat(k.astype(mx.float32), group, axis=1)
+    v = mx.repeat(v.astype(mx.float32), group, axis=1)
+    scores = (q.astype(mx.float32) * scale) @ k.swapaxes(-1, -2)
+    length, total = q.shape[2], k.shape[2]
+    if mask == "causal":
+        allowed = mx.arange(total)[None] <= mx.arange(total - length, total)[:, None]
+        scores = mx.where(allowed, scores, -mx.inf)
+    elif isinstance(mask, mx.array):
+        scores = mx.where(mask, scores, -mx.inf)
+    return mx.softmax(scores, axis=-1, precise=True) @ v
+
+
+def inputs(
+    batch: int, heads: int, kv_heads: int, length: int, total: int, depth: int, dtype: mx.Dtype
+) -> tuple[mx.array, mx.array, mx.array]:
+    key = mx.random.key(length * 1000 + total)
+    q_key, k_key, v_key = mx.random.split(key, 3)
+    q = (mx.random.normal((batch, heads, length, depth), key=q_key) * 2).astype(dtype)
+    k = (mx.random.normal((batch, kv_heads, total, depth), key=k_key) * 2).astype(dtype)
+    v = mx.random.normal((batch, kv_heads, total, depth), key=v_key).astype(dtype)
+    return q, k, v
+
+
+@pytest.mark.parametrize(
+    ("batch", "heads", "kv_heads", "length", "total", "mask"),
+    [
+        (1, 4, 2, 1, 300, None),  # a decode step
+        (1, 4, 2, 23, 3000, "causal"),  # a few new tokens over a long cache
+        (1, 4, 4, 40, 40, "causal"),  # a first chunk: queries are the whole context
+        (1, 8, 2, 700, 900, "causal"),  # several query blocks
+        (2, 4, 2, 5, 64, "left-padded"),  # a batch with a boolean mask
+        (1, 2, 1, 17, 17, None),  # no mask at all
+    ],
+)
+def test_matches_softmax_attention(
+    batch: int, heads: int, kv_heads: int, length: int, total: int, mask: object
+) -> None:
+    q, k, v = inputs(batch, heads, kv_heads, length, total, 32, mx.float32)
+    if mask == "left-padded":
+        causal = mx.arange(total)[None] <= mx.arange(total - length, total)[:, None]
+        padding = mx.array([0, 9])[:, None, None, None]
+        mask = causal[None, None] & (mx.arange(total)[None, None, None] >= padding)
+    got = attention(q, k, v, scale=0.3, mask=mask)  # type: ignore[arg-type]
+    want = reference(q, k, v, 0.3, mask)
+    assert got.shape == want.shape and got.dtype == q.dtype
+    assert mx.allclose(got, want, rtol=2e-5, atol=2e-6).item()
+
+
+def test_half_precision_is_computed_in_float32() -> None:
+    q, k, v = inputs(1, 4, 2, 9, 500, 64, mx.bfloat16)
+    got = attention(q, k, v, scale=0.125, mask="causal")
+    assert got.dtype == mx.bfloat16
+    want = reference(q, k, v, 0.125, "causal").astype(mx.bfloat16)
+    assert mx.allclose(got.astype(mx.float32), want.astype(mx.float32), atol=1e-2).item()
+
+
+def test_blocks_keep_scores_small_but_not_tiny() -> None:
+    assert block_rows(4, 12_600) * 4 * 12_600 * 4 <= cpu_attention.BLOCK_SCORE_BYTES
+    assert block_rows(64, 200_000) == cpu_attention.MIN_BLOCK_ROWS
+    assert block_rows(1, 10) == cpu_attention.MAX_BLOCK_ROWS
+
+
+def test_what_it_leaves_to_mlx_lm() -> None:
+    q = mx.zeros((1, 2, 3, 8))
+
+    class Quantized:
+        bits = 4
+
+    assert covers(q, None, "causal", None)
+    assert covers(q, None, mx.ones((3, 3), dtype=mx.bool_), None)
+    assert not covers(q, None, "causal", mx.zeros((2,)))  # attention sinks
+    assert not covers(q, Quantized(), "causal", None)  # quantized KV cache
+    assert not covers(q, None, mx.zeros((3, 3)), None)  # an additive mask
+
+
+def test_install_replaces_mlx_lm_attention_in_model_modules(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import mlx_lm.models.qwen3 as qwen3
+
+    original = base.scaled_dot_product_attention
+    monkeypatch.setattr(qwen3, "scaled_dot_product_attention", original)
+    assert cpu_attention.install() >= 1
+    replaced = qwen3.scaled_dot_product_attention
+    assert replaced is not original
+    assert getattr(replaced, "mlxlaunch_original", None) is original
+    assert cpu_attention.install() >= 1  # idempotent: not wrapped twice
+    assert qwen3.scaled_dot_product_attention is replaced
+    monkeypatch.setattr(qwen3, "scaled_dot_product_attention", original)
+    monkeypatch.setenv(cpu_attention.ENV_SWITCH, "0")
+    assert cpu_attention.install() == 0
+    assert sys.modules["mlx_lm.models.qwen3"].scaled_dot_product_attention is original
