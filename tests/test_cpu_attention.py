@@ -9,7 +9,7 @@ import pytest
 from mlx_lm.models import base
 
 from mlxlaunch.engine import cpu_attention
-from mlxlaunch.engine.cpu_attention import attention, block_rows, covers
+from mlxlaunch.engine.cpu_attention import attention, block_rows, covers, plain_mask
 
 
 def reference(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: object) -> mx.array:
@@ -45,7 +45,6 @@ def inputs(
         (1, 4, 2, 23, 3000, "causal"),  # a few new tokens over a long cache
         (1, 4, 4, 40, 40, "causal"),  # a first chunk: queries are the whole context
         (1, 8, 2, 700, 900, "causal"),  # several query blocks
-        (2, 4, 2, 5, 64, "left-padded"),  # a batch with a boolean mask
         (1, 2, 1, 17, 17, None),  # no mask at all
     ],
 )
@@ -53,11 +52,7 @@ def test_matches_softmax_attention(
     batch: int, heads: int, kv_heads: int, length: int, total: int, mask: object
 ) -> None:
     q, k, v = inputs(batch, heads, kv_heads, length, total, 32, mx.float32)
-    if mask == "left-padded":
-        causal = mx.arange(total)[None] <= mx.arange(total - length, total)[:, None]
-        padding = mx.array([0, 9])[:, None, None, None]
-        mask = causal[None, None] & (mx.arange(total)[None, None, None] >= padding)
-    got = attention(q, k, v, scale=0.3, mask=mask)  # type: ignore[arg-type]
+    got = attention(q, k, v, scale=0.3, causal=mask == "causal")
     want = reference(q, k, v, 0.3, mask)
     assert got.shape == want.shape and got.dtype == q.dtype
     assert mx.allclose(got, want, rtol=2e-5, atol=2e-6).item()
@@ -65,7 +60,7 @@ def test_matches_softmax_attention(
 
 def test_half_precision_is_computed_in_float32() -> None:
     q, k, v = inputs(1, 4, 2, 9, 500, 64, mx.bfloat16)
-    got = attention(q, k, v, scale=0.125, mask="causal")
+    got = attention(q, k, v, scale=0.125, causal=True)
     assert got.dtype == mx.bfloat16
     want = reference(q, k, v, 0.125, "causal").astype(mx.bfloat16)
     assert mx.allclose(got.astype(mx.float32), want.astype(mx.float32), atol=1e-2).item()
@@ -78,16 +73,48 @@ def test_blocks_keep_scores_small_but_not_tiny() -> None:
 
 
 def test_what_it_leaves_to_mlx_lm() -> None:
-    q = mx.zeros((1, 2, 3, 8))
+    q = mx.zeros((1, 2, cpu_attention.MIN_QUERIES, 8))
+    assert covers(q[:, :, :1], None, None, None)  # a decode step
+    assert not covers(q[:, :, :5], None, "causal", None)  # a few queries: mlx-lm's is as fast
 
     class Quantized:
         bits = 4
 
-    assert covers(q, None, "causal", None)
-    assert covers(q, None, mx.ones((3, 3), dtype=mx.bool_), None)
+    assert covers(q, None, "causal", None) and covers(q, None, None, None)
+    assert not covers(q, None, mx.ones((64, 64), dtype=mx.bool_), None)  # any array mask
     assert not covers(q, None, "causal", mx.zeros((2,)))  # attention sinks
     assert not covers(q, Quantized(), "causal", None)  # quantized KV cache
-    assert not covers(q, None, mx.zeros((3, 3)), None)  # an additive mask
+
+
+def causal_mask(length: int, total: int, padding: int = 0, window: int | None = None) -> mx.array:
+    """The boolean mask mlx-lm's batch caches build, for one sequence: (1, 1, T, S)."""
+    rows = mx.arange(total - length, total)[:, None]
+    cols = mx.arange(total)[None]
+    allowed = (cols <= rows) & (cols >= padding)
+    if window is not None:
+        allowed = allowed & (cols > rows - window)
+    return allowed[None, None]
+
+
+def test_a_lone_sequences_batch_mask_is_plain_causal_attention() -> None:
+    q, k, _ = inputs(1, 4, 2, 6, 40, 8, mx.float32)
+    assert plain_mask(q, k, causal_mask(6, 40)) == "causal"
+    assert plain_mask(q[:, :, -1:], k, causal_mask(1, 40)) is None  # a decode step
+    for masked in (causal_mask(6, 40, padding=3), causal_mask(6, 40, window=20)):
+        assert plain_mask(q, k, masked) is masked  # padding or a window: left to mlx-lm
+    two = mx.concatenate([q, q])
+    assert isinstance(plain_mask(two, k, causal_mask(6, 40)), mx.array)  # a batch of two
+
+
+@pytest.mark.parametrize("padding", [0, 3])
+def test_the_replacement_matches_mlx_lm_on_batch_masks(padding: int) -> None:
+    original = base.scaled_dot_product_attention
+    replacement = cpu_attention._replacement(original)
+    q, k, v = inputs(1, 4, 2, 70, 90, 16, mx.float32)
+    mask = causal_mask(70, 90, padding=padding)
+    got = replacement(q, k, v, None, 0.25, mask)
+    want = original(q, k, v, cache=None, scale=0.25, mask=mask)
+    assert mx.allclose(got, want, rtol=2e-5, atol=2e-6).item()
 
 
 def test_install_replaces_mlx_lm_attention_in_model_modules(

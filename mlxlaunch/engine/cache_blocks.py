@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache
+from mlx_lm.models.cache import BatchKVCache, KVCache
 
 DEFAULT_BLOCK_TOKENS = 256
 
@@ -37,6 +37,31 @@ class _Node:
     last_used: int = 0
     priority: int = 0  # evicted after every lower-priority block, whatever their ages
     children: dict[tuple[int, ...], _Node] = field(default_factory=dict)
+
+
+class ReusedKVCache(KVCache):
+    """A layer's KV rebuilt from stored blocks, with room for the tokens about to be added.
+
+    mlx-lm batches a sequence's cache by copying it into a new `BatchKVCache` sized to its
+    content, and the first new token then grows that one by copying it again: two copies of
+    the whole reused prefix before any work (on a real model, hundreds of MB). A lone sequence
+    — a request that continues a long cached prefix, the common case — hands its buffers over
+    instead, and the batch writes the new tokens into the spare room. Several sequences are
+    batched as mlx-lm does.
+    """
+
+    @classmethod
+    def merge(cls, caches: list[Any]) -> BatchKVCache:
+        if len(caches) != 1 or caches[0].keys is None:
+            return BatchKVCache.merge(caches)
+        only = caches[0]
+        batch = BatchKVCache([0])
+        batch.keys, batch.values = only.keys, only.values
+        batch.offset = batch.offset + only.offset
+        batch._idx = only.offset
+        # No other reference: the batch's in-place writes must not have to copy the buffer.
+        only.keys = only.values = None
+        return batch
 
 
 def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -73,8 +98,9 @@ class BlockTrie:
         _, length = self._walk(tokens)
         return length
 
-    def fetch(self, tokens: Sequence[int], length: int) -> list[KVCache]:
-        """Fresh per-layer caches holding exactly the first `length` tokens' KV.
+    def fetch(self, tokens: Sequence[int], length: int, room: int = 0) -> list[KVCache]:
+        """Fresh per-layer caches holding exactly the first `length` tokens' KV, with space
+        for `room` more (written in place by the batch that continues them).
 
         `length` must not exceed `match(tokens)`. The blocks used become most recent.
         """
@@ -91,11 +117,11 @@ class BlockTrie:
             take = min(len(node.tokens), length - taken)
             pieces.append(node.layers if take == len(node.tokens) else _slice(node.layers, 0, take))
             taken += take
-        caches = []
+        caches: list[KVCache] = []
         for layer in range(len(pieces[0]) if pieces else 0):
-            cache = KVCache()
-            cache.keys = mx.concatenate([p[layer][0] for p in pieces], axis=2)
-            cache.values = mx.concatenate([p[layer][1] for p in pieces], axis=2)
+            cache = ReusedKVCache() if room > 0 else KVCache()
+            cache.keys = _joined([p[layer][0] for p in pieces], room)
+            cache.values = _joined([p[layer][1] for p in pieces], room)
             cache.offset = length
             caches.append(cache)
         return caches
@@ -213,6 +239,14 @@ class BlockTrie:
             del parent.children[node.tokens]
             self.nbytes -= node.nbytes
             self.blocks -= 1
+
+
+def _joined(pieces: list[mx.array], room: int) -> mx.array:
+    """The pieces end to end along the token axis, then `room` empty positions (one copy)."""
+    if room > 0:
+        first = pieces[0]
+        pieces = [*pieces, mx.zeros((*first.shape[:2], room, first.shape[3]), first.dtype)]
+    return mx.concatenate(pieces, axis=2)
 
 
 def _slice(layers: list[LayerKV], start: int, stop: int) -> list[LayerKV]:

@@ -61,8 +61,9 @@ class SnapshotStore:
         best = self._best(tokens)
         return len(best.tokens) if best is not None else 0
 
-    def fetch(self, tokens: Sequence[int], length: int) -> list[Any]:
-        """A private copy of the snapshot of exactly `length` tokens that `tokens` continues."""
+    def fetch(self, tokens: Sequence[int], length: int, room: int = 0) -> list[Any]:
+        """A private copy of the snapshot of exactly `length` tokens that `tokens` continues
+        (`room` is ignored: these caches grow as mlx-lm's own do)."""
         for snap in self._snapshots:
             if len(snap.tokens) == length and tuple(tokens[:length]) == snap.tokens:
                 self._tick += 1

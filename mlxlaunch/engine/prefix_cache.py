@@ -38,6 +38,11 @@ MAIN_PRIORITY = 1
 MIN_DISK_TOKENS = 256
 # A disk entry is loaded only when it adds at least this many tokens to what memory has.
 MIN_DISK_GAIN = 32
+# A reused prefix comes with room for the rest of its prompt plus this many output tokens,
+# rounded up to the batch cache's growth step (mlx-lm's BatchKVCache.step), so neither the
+# prefill nor the first decode steps copy the whole cache to grow it.
+ROOM_FOR_OUTPUT = 256
+ROOM_STEP = 256
 
 SNAPSHOT_WARNING = (
     "this model's cache cannot be trimmed (sliding-window or linear-attention layers): "
@@ -59,7 +64,7 @@ class KVStore(Protocol):
 
     def match(self, tokens: Sequence[int]) -> int: ...
 
-    def fetch(self, tokens: Sequence[int], length: int) -> list[Any]: ...
+    def fetch(self, tokens: Sequence[int], length: int, room: int = 0) -> list[Any]: ...
 
     def store(self, tokens: Sequence[int], caches: Sequence[Any], priority: int = 0) -> int: ...
 
@@ -142,7 +147,9 @@ class PrefixCache:
         self.misses.observe(tokens, cached_tokens=found, request_id=request_id, kind=kind)
         if found == 0:
             return CachePlan(0, None)
-        caches = self.memory.fetch(tokens, found)
+        # Room for the rest of the prompt and the first output tokens, in the batch's steps.
+        room = -(-(len(tokens) - found + ROOM_FOR_OUTPUT) // ROOM_STEP) * ROOM_STEP
+        caches = self.memory.fetch(tokens, found, room)
         self.hits += 1
         self._consider_saving(tokens[:found])
         return CachePlan(found, caches)

@@ -228,7 +228,10 @@ class IncrementalTokenizer:
     reusing the ids of up to `capacity` recently encoded texts (least recently used dropped)."""
 
     def __init__(
-        self, hf_tokenizer: Any, capacity: int = DEFAULT_CAPACITY, min_line_gain: int = MIN_LINE_GAIN
+        self,
+        hf_tokenizer: Any,
+        capacity: int = DEFAULT_CAPACITY,
+        min_line_gain: int = MIN_LINE_GAIN,
     ) -> None:
         self._fallback: Callable[[str], Sequence[int]] = lambda text: hf_tokenizer.encode(
             text, add_special_tokens=False
