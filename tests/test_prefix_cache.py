@@ -11,9 +11,9 @@ import mlx.core as mx
 import mlx_lm
 import pytest
 from engine_helpers import AGENT_TOOLS, run
-from mlx_lm.models.cache import KVCache, RotatingKVCache
+from mlx_lm.models.cache import BatchKVCache, KVCache, RotatingKVCache
 
-from mlxlaunch.engine.cache_blocks import BlockTrie
+from mlxlaunch.engine.cache_blocks import BlockTrie, ReusedKVCache
 from mlxlaunch.engine.cache_miss import MissTracker
 from mlxlaunch.engine.cache_snapshots import SnapshotStore
 from mlxlaunch.engine.config import EngineConfig
@@ -121,6 +121,37 @@ def test_a_fetched_cache_is_a_private_copy() -> None:
         keys[..., :20, :] = 0.0
         cache.update_and_fetch(mx.ones((1, 2, 5, 4)), mx.ones((1, 2, 5, 4)))
     assert same_kv(trie.fetch(tokens, 32), source, 32)
+
+
+def test_a_cache_fetched_with_room_is_handed_to_a_lone_batch_without_copies() -> None:
+    trie = BlockTrie(budget_bytes=1 << 30, block_tokens=BLOCK)
+    tokens, source = list(range(40)), kv(40)
+    trie.store(tokens, source)
+    fetched = trie.fetch(tokens, 37, room=16)
+    assert all(isinstance(c, ReusedKVCache) for c in fetched)
+    assert same_kv(fetched, source, 37)
+    keys, values = arrays(fetched[0])
+    assert keys.shape[2] == 37 + 16
+    batch = fetched[0].merge([fetched[0]])
+    assert isinstance(batch, BatchKVCache)
+    assert batch.keys is keys and batch.values is values  # the same buffers, not copies
+    assert fetched[0].keys is None  # the batch holds the only reference
+    batch.update_and_fetch(mx.ones((1, 2, 10, 4)), mx.ones((1, 2, 10, 4)))
+    assert batch.keys is not None and batch.keys.shape[2] == 37 + 16  # written in the room
+    got_keys, _ = batch.keys_and_values()
+    assert mx.array_equal(got_keys[..., :37, :], arrays(source[0])[0][..., :37, :]).item()
+    assert mx.array_equal(got_keys[..., 37:, :], mx.ones((1, 2, 10, 4))).item()
+
+
+def test_several_sequences_are_batched_as_mlx_lm_does() -> None:
+    trie = BlockTrie(budget_bytes=1 << 30, block_tokens=BLOCK)
+    a, b = list(range(30)), list(range(100, 120))
+    trie.store(a, kv(30, seed=1))
+    trie.store(b, kv(20, seed=2))
+    first, second = trie.fetch(a, 30, room=8)[0], trie.fetch(b, 20, room=8)[0]
+    merged = first.merge([first, second])
+    assert merged.keys is not None and merged.keys.shape[:3] == (2, 2, 30)
+    assert mx.array_equal(merged.left_padding, mx.array([0, 10])).item()
 
 
 # --- snapshots and miss diagnostics -------------------------------------------------------

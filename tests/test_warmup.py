@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import mlx.core as mx
 import mlx.nn as nn
+import pytest
 from mlx_lm import load
+from mlx_lm.models.cache import make_prompt_cache
 
+import mlxlaunch.engine.worker as worker_module
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
+from mlxlaunch.engine.types import ChatMessage, GenerationRequest
 from mlxlaunch.engine.warmup import warm_up
 from mlxlaunch.testing.failing import ForwardFailures, fail_forward
 
@@ -39,3 +45,60 @@ async def test_load_warms_the_unwrapped_model_only(tiny_model_dir: Path) -> None
         assert failures.calls == 0
     finally:
         engine.close()
+
+
+def test_warm_up_continues_a_given_cache(tiny_model_dir: Path) -> None:
+    model = load(str(tiny_model_dir))[0]
+    cache = list(make_prompt_cache(model))
+    model(mx.array([list(range(40))]), cache=cache)  # a 40-token "restored prefix"
+    seen: list[int] = []
+
+    class Recorder(nn.Module):
+        def __call__(self, inputs: mx.array, cache: Any = None, **kwargs: Any) -> mx.array:
+            seen.append(int(cache[0].offset.max().item()) + inputs.shape[1])
+            return model(inputs, cache=cache, **kwargs)
+
+    warm_up(Recorder(), width=1, prefill_chunk=64, cache=cache, prompt_tokens=5)
+    assert seen and seen[0] >= 40 + 4  # the prefill ran on top of the given context
+
+
+async def test_a_restarted_engine_warms_up_at_the_restored_context(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = EngineConfig(model=str(tiny_model_dir), cache_dir=tmp_path)
+    prompt = "A long system prompt that a later session shares. " * 40
+    first = Engine(config)
+    first.start()
+    try:
+        for session in ("one", "two"):  # the second reuses the first's prefix: saved to disk
+            request = GenerationRequest(
+                messages=[
+                    ChatMessage(role="system", content=prompt),
+                    ChatMessage(role="user", content=f"session {session}"),
+                ],
+                max_tokens=2,
+            )
+            async for _ in first.submit(request):
+                pass
+    finally:
+        first.close()
+    assert list(tmp_path.rglob("*.safetensors"))
+    contexts: list[int] = []
+    original = worker_module.warm_up
+
+    def spy(model: nn.Module, **kwargs: object) -> float | None:
+        cache = kwargs.get("cache")
+        contexts.append(cache[0].offset if isinstance(cache, list) else 0)
+        return original(model, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(worker_module, "warm_up", spy)
+    restarted = Engine(config)
+    restarted.start()
+    try:
+        await restarted.load()
+        assert contexts[0] == 0 and len(contexts) == 2
+        assert contexts[1] > 200  # on top of a private copy of the restored prefix
+        cache_stats = restarted.stats().cache
+        assert cache_stats is not None and cache_stats.lookups == 0  # no request asked
+    finally:
+        restarted.close()

@@ -291,25 +291,51 @@ class IncrementalTokenizer:
         """Remember texts whose token ids are known (e.g. prefixes restored from the disk
         cache after a restart), so the first request that continues one is incremental.
 
-        Each sequence is cut after its last boundary token, decoded, and kept only if
-        tokenizing the decoded text gives exactly those ids back. Returns how many were kept.
+        A restored prefix usually ends inside a message (where sessions diverge). Each is
+        decoded and kept up to its last line start (where line starts are split points) or
+        else its last boundary token, and only if tokenizing that text gives exactly those
+        ids back. Returns how many were kept.
         """
         if not self.incremental or self._backend is None:
             return 0
         kept = 0
         for sequence in token_sequences:
-            ids = list(sequence)
-            cut = max((j for j, t in enumerate(ids) if t in self.boundaries), default=-1)
-            if cut < 0:
-                continue
-            ids = ids[: cut + 1]
-            text = self._backend.decode(ids, skip_special_tokens=False)
-            encoded, entry = self._tokenize(text)
-            if entry is not None and encoded == ids:  # an exact round trip only
+            entry = self._line_entry(list(sequence)) if self.line_splits else None
+            entry = entry or self._boundary_entry(list(sequence))
+            if entry is not None:
                 self._remember(entry)
                 kept += 1
         self.stats.primed += kept
         return kept
+
+    def _line_entry(self, ids: list[int]) -> _Entry | None:
+        """The decoded `ids` up to their last line start, if they round-trip exactly."""
+        assert self._backend is not None
+        text = self._backend.decode(ids, skip_special_tokens=False)
+        encoded, full = self._tokenize(text)
+        if full is None or full.offsets is None:
+            return None
+        start = last_line_start(text, 1, len(text) - self._line_margin)
+        if start < 0:
+            return None
+        count = bisect_right(full.offsets, start)
+        if count == 0 or full.offsets[count - 1] != start or encoded[:count] != ids[:count]:
+            return None
+        marks = [m for m in full.marks if m <= start]
+        return _Entry(
+            text[:start], full.ids[:count], marks, full.ends[: len(marks)], full.offsets[:count]
+        )
+
+    def _boundary_entry(self, ids: list[int]) -> _Entry | None:
+        """The decoded `ids` up to their last boundary token, if they round-trip exactly."""
+        assert self._backend is not None
+        cut = max((j for j, t in enumerate(ids) if t in self.boundaries), default=-1)
+        if cut < 0:
+            return None
+        ids = ids[: cut + 1]
+        text = self._backend.decode(ids, skip_special_tokens=False)
+        encoded, entry = self._tokenize(text)
+        return entry if entry is not None and encoded == ids else None
 
     def clear(self) -> None:
         """Forget every remembered text."""
