@@ -9,7 +9,7 @@ from rich.console import Console
 
 from mlxlaunch.bench.chart import line_chart_svg, turn_ttft_svg
 from mlxlaunch.bench.machine import describe_blas
-from mlxlaunch.bench.report import format_value, markdown_table, render_table
+from mlxlaunch.bench.report import LIMITS_ON_CPU, format_value, markdown_table, render_table
 from mlxlaunch.bench.summary import WORKLOADS, concurrency_figures, summary_rows, workload_of
 
 OURS, PEER = "mlxlaunch", "mlx_lm.server"
@@ -123,8 +123,10 @@ def test_markdown_table_has_the_run_facts_and_a_row_per_summary_row() -> None:
                     "memory_bytes": 2 * 1024**3, "mlx": "0.32.4", "mlx_lm": "0.32.2"},
     }  # fmt: skip
     text = markdown_table(report, rows)
-    head, _, table = text.partition("\n\n")
+    head, _, rest = text.partition("\n\n")
     assert "2026-11-29" in head and "`medium`" in head and "openblas" in head
+    note, _, table = rest.partition("\n\n")
+    assert note == LIMITS_ON_CPU  # a CPU run says why its limits can be beaten
     lines = table.strip().splitlines()
     assert lines[0] == f"| workload | metric | {OURS} | {PEER} | ratio | limit |"
     assert len(lines) == 2 + len(rows)
