@@ -7,6 +7,7 @@ import sys
 import mlx.core as mx
 import pytest
 from mlx_lm.models import base
+from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache
 
 from mlxlaunch.engine import cpu_attention
 from mlxlaunch.engine.cpu_attention import attention, block_rows, covers, plain_mask
@@ -74,36 +75,44 @@ def test_blocks_keep_scores_small_but_not_tiny() -> None:
 
 def test_what_it_leaves_to_mlx_lm() -> None:
     q = mx.zeros((1, 2, cpu_attention.MIN_QUERIES, 8))
-    assert covers(q[:, :, :1], None, None, None)  # a decode step
-    assert not covers(q[:, :, :5], None, "causal", None)  # a few queries: mlx-lm's is as fast
+    k = mx.zeros((1, 1, 2 * cpu_attention.MIN_DECODE_KEYS, 8))
+    short = k[:, :, :100]
 
     class Quantized:
         bits = 4
 
-    assert covers(q, None, "causal", None) and covers(q, None, None, None)
-    assert not covers(q, None, mx.ones((64, 64), dtype=mx.bool_), None)  # any array mask
-    assert not covers(q, None, "causal", mx.zeros((2,)))  # attention sinks
-    assert not covers(q, Quantized(), "causal", None)  # quantized KV cache
+    assert covers(q, k, None, "causal", None) and covers(q, k, None, None, None)
+    assert covers(q[:, :, :1], k, None, None, None)  # a decode step over a long context
+    assert not covers(q[:, :, :1], short, None, None, None)  # ... over a short one
+    assert not covers(q[:, :, :5], k, None, "causal", None)  # a few queries
+    assert not covers(q, k, None, mx.ones((64, 64), dtype=mx.bool_), None)  # an array mask
+    assert not covers(q, k, None, "causal", mx.zeros((2,)))  # attention sinks
+    assert not covers(q, k, Quantized(), "causal", None)  # quantized KV cache
 
 
-def causal_mask(length: int, total: int, padding: int = 0, window: int | None = None) -> mx.array:
-    """The boolean mask mlx-lm's batch caches build, for one sequence: (1, 1, T, S)."""
-    rows = mx.arange(total - length, total)[:, None]
-    cols = mx.arange(total)[None]
-    allowed = (cols <= rows) & (cols >= padding)
-    if window is not None:
-        allowed = allowed & (cols > rows - window)
-    return allowed[None, None]
+def batch_cache(padding: int, keys: mx.array) -> BatchKVCache:
+    """mlx-lm's batch cache for one sequence left-padded by `padding`, holding `keys`."""
+    cache = BatchKVCache([padding])
+    cache.update_and_fetch(keys, keys)
+    return cache
 
 
-def test_a_lone_sequences_batch_mask_is_plain_causal_attention() -> None:
+def test_a_lone_unpadded_sequences_batch_mask_is_plain_causal_attention() -> None:
     q, k, _ = inputs(1, 4, 2, 6, 40, 8, mx.float32)
-    assert plain_mask(q, k, causal_mask(6, 40)) == "causal"
-    assert plain_mask(q[:, :, -1:], k, causal_mask(1, 40)) is None  # a decode step
-    for masked in (causal_mask(6, 40, padding=3), causal_mask(6, 40, window=20)):
-        assert plain_mask(q, k, masked) is masked  # padding or a window: left to mlx-lm
+    cache = batch_cache(0, k[:, :, :34])
+    mask = cache.make_mask(6)
+    cache.update_and_fetch(k[:, :, 34:], k[:, :, 34:])
+    assert isinstance(mask, mx.array)
+    assert plain_mask(q, k, mask, cache) == "causal"
+    step = cache.make_mask(1)
+    assert plain_mask(q[:, :, -1:], mx.zeros((1, 2, 41, 8)), step, cache) is None  # decode
+    padded = batch_cache(3, k[:, :, :34])
+    padded_mask = padded.make_mask(6)
+    assert plain_mask(q, k, padded_mask, padded) is padded_mask  # left to mlx-lm
+    rotating = BatchRotatingKVCache(max_size=16, left_padding=[0])
+    assert plain_mask(q, k, mask, rotating) is mask  # windowed layers: left to mlx-lm
     two = mx.concatenate([q, q])
-    assert isinstance(plain_mask(two, k, causal_mask(6, 40)), mx.array)  # a batch of two
+    assert plain_mask(two, k, mask, cache) is mask  # a batch of two
 
 
 @pytest.mark.parametrize("padding", [0, 3])
@@ -111,9 +120,10 @@ def test_the_replacement_matches_mlx_lm_on_batch_masks(padding: int) -> None:
     original = base.scaled_dot_product_attention
     replacement = cpu_attention._replacement(original)
     q, k, v = inputs(1, 4, 2, 70, 90, 16, mx.float32)
-    mask = causal_mask(70, 90, padding=padding)
-    got = replacement(q, k, v, None, 0.25, mask)
-    want = original(q, k, v, cache=None, scale=0.25, mask=mask)
+    cache = batch_cache(padding, k[:, :, :20])
+    mask = cache.make_mask(70)
+    got = replacement(q, k, v, cache, 0.25, mask)
+    want = original(q, k, v, cache=cache, scale=0.25, mask=mask)
     assert mx.allclose(got, want, rtol=2e-5, atol=2e-6).item()
 
 

@@ -13,8 +13,8 @@ traffic costs more than the exponential saves.
 
 Installed by the engine when it runs on the CPU (`install`), in place of mlx-lm's
 `scaled_dot_product_attention` in its model modules. mlx-lm's batch caches always pass a
-boolean mask; for a lone sequence whose last query sees every key (no padding, no window) that
-mask is plain causal attention and is treated as such. Anything else — a GPU, batches of
+boolean mask; for a lone sequence without padding that mask is plain causal attention and is
+treated as such (see `plain_mask`). Anything else — a GPU, batches of
 several sequences, padded or windowed masks, quantized KV caches, attention sinks — goes to
 mlx-lm's own function.
 Set MLXLAUNCH_CPU_ATTENTION=0 to keep mlx-lm's everywhere.
@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
+from mlx_lm.models.cache import BatchKVCache
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +37,13 @@ ENV_SWITCH = "MLXLAUNCH_CPU_ATTENTION"
 # Bytes of float32 scores one query block may take (all heads): about what stays in a core's
 # cache here; measured best among 1, 2, 3 and 6 MiB on the 2-layer test models.
 BLOCK_SCORE_BYTES = 3 << 20
-# Calls with 2..MIN_QUERIES-1 queries stay with mlx-lm's: on real prompts (unlike random
-# tokens) the two measured the same for a few new tokens over a long cache (~19 ms for 23 over
-# 12.6k), while single-query decode steps (~1.5x) and prefill chunks (~2x) are faster here.
+# Where this is used, from measurements on Claude Code's real prompt (random tokens flatter
+# it): prefill chunks of MIN_QUERIES or more queries (~1.4-2x faster), and single-query decode
+# steps over MIN_DECODE_KEYS or more keys (2.46 -> 1.60 ms at 15.6k). A few queries over a long
+# cache measured the same as mlx-lm's (~19 ms for 23 over 12.6k), and a decode step over a
+# short context slightly slower (560 vs 582 tokens/s in the engine): those stay with mlx-lm's.
 MIN_QUERIES = 64
+MIN_DECODE_KEYS = 4096
 # Bounds on the rows of a block: below 8 the per-block graph overhead dominates.
 MIN_BLOCK_ROWS = 8
 MAX_BLOCK_ROWS = 256
@@ -133,27 +137,51 @@ def attention(
     return out.reshape(batch, heads, length, -1).astype(queries.dtype)
 
 
-def plain_mask(queries: mx.array, keys: Any, mask: Any) -> Any:
-    """`mask` as None or "causal" when a boolean array mask is exactly that (see the module
-    docstring); anything else unchanged."""
-    if not isinstance(mask, mx.array) or mask.dtype != mx.bool_ or queries.shape[0] != 1:
+def plain_mask(queries: mx.array, keys: Any, mask: Any, cache: Any) -> Any:
+    """`mask` as None or "causal" when it is exactly that, else unchanged.
+
+    mlx-lm's `BatchKVCache` always builds a boolean mask. For a lone sequence without padding
+    it is plain causal attention: its models build windowed masks only against rotating
+    caches (`BatchRotatingKVCache`, left alone here). Decided from the cache, not by reading
+    the mask: an evaluation per layer would stall every decode step (measured ~30% slower).
+    """
+    if not isinstance(mask, mx.array) or type(cache) is not BatchKVCache:
         return mask
-    if mask.ndim > 4 or mask.size == 0 or mask.shape[-1] != keys.shape[-2]:
+    if queries.shape[0] != 1 or mask.shape[-1] != keys.shape[-2]:
         return mask
-    if mask.ndim == 4 and mask.shape[1] != 1:
+    if getattr(cache, "_right_padding", None) is not None:
         return mask
-    # A causal mask's last row is the widest: all visible means no padding and no window.
-    last_row = mask.reshape(-1, mask.shape[-1])[-1]
-    if not mx.all(last_row).item():
+    if not _unpadded(cache):
         return mask
     return "causal" if queries.shape[2] > 1 else None
 
 
-def covers(queries: mx.array, cache: Any, mask: Any, sinks: Any) -> bool:
+# Attribute under which a batch cache remembers (its left_padding array, whether it is zero).
+_VERDICT = "_mlxlaunch_unpadded"
+
+
+def _unpadded(cache: Any) -> bool:
+    """Whether a one-sequence batch cache has no left padding. Reading the array costs an
+    evaluation (even of an evaluated array: ~0.35 ms a call, measured), so the answer is kept
+    on the cache for as long as its `left_padding` array is the same object (mlx-lm replaces
+    it only on merge, filter and extend)."""
+    padding = getattr(cache, "left_padding", None)
+    if not isinstance(padding, mx.array) or padding.size != 1:
+        return False
+    seen = getattr(cache, _VERDICT, None)
+    if seen is not None and seen[0] is padding:
+        return bool(seen[1])
+    verdict = padding.item() == 0
+    setattr(cache, _VERDICT, (padding, verdict))
+    return verdict
+
+
+def covers(queries: mx.array, keys: Any, cache: Any, mask: Any, sinks: Any) -> bool:
     """Whether `attention` handles this call (else mlx-lm's own function does)."""
     if sinks is not None or hasattr(cache, "bits") or queries.ndim != 4:
         return False
-    if 1 < queries.shape[2] < MIN_QUERIES:
+    length = queries.shape[2]
+    if (length == 1 and keys.shape[-2] < MIN_DECODE_KEYS) or 1 < length < MIN_QUERIES:
         return False
     if mx.default_device().type != mx.DeviceType.cpu:
         return False
@@ -171,8 +199,8 @@ def _replacement(original: Attention) -> Attention:
         sinks: Any = None,
     ) -> mx.array:
         if sinks is None and not hasattr(cache, "bits"):
-            mask = plain_mask(queries, keys, mask)
-        if covers(queries, cache, mask, sinks):
+            mask = plain_mask(queries, keys, mask, cache)
+        if covers(queries, keys, cache, mask, sinks):
             return attention(queries, keys, values, scale=scale, causal=mask is not None)
         return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
 
