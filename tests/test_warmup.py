@@ -8,6 +8,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
+from engine_helpers import wait_until
 from mlx_lm import load
 from mlx_lm.models.cache import make_prompt_cache
 
@@ -102,3 +103,26 @@ async def test_a_restarted_engine_warms_up_at_the_restored_context(
         assert cache_stats is not None and cache_stats.lookups == 0  # no request asked
     finally:
         restarted.close()
+
+
+async def test_prefixes_reach_the_disk_after_a_moment_without_requests(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    engine = Engine(EngineConfig(model=str(tiny_model_dir), cache_dir=tmp_path))
+    engine.start()
+    prompt = "A long system prompt that the next session shares. " * 40
+    try:
+        for session in ("one", "two"):  # the second reuses the first's prefix
+            request = GenerationRequest(
+                messages=[
+                    ChatMessage(role="system", content=prompt),
+                    ChatMessage(role="user", content=f"session {session}"),
+                ],
+                max_tokens=2,
+            )
+            async for _ in engine.submit(request):
+                pass
+        assert not list(tmp_path.rglob("*.safetensors"))  # not while a next turn may come
+        await wait_until(lambda: bool(list(tmp_path.rglob("*.safetensors"))), timeout=10)
+    finally:
+        engine.close()

@@ -55,6 +55,10 @@ _DEFAULT_SAMPLING = (Sampling().temperature, Sampling().top_p, Sampling().top_k)
 
 # Tokens of the warm-up prefill on top of a restored prefix: about a new session's first message.
 RESTORED_WARMUP_TOKENS = 32
+# Prefixes are written to disk only after this long (seconds) without requests: a write takes
+# tens of ms, and Claude Code's next turn often arrives within a second of the last answer
+# (a quick tool call), where it would wait for the write.
+SAVE_AFTER_IDLE_S = 1.0
 # How often (seconds) the worker refreshes the memory figures in stats.
 MEMORY_POLL_S = 1.0
 # Length (seconds) of one window over which the generator's speed counters are read.
@@ -97,6 +101,7 @@ class Worker:
         self._prefix: PrefixCache | None = None  # set at load
         self._planned: dict[Job, list[Any]] = {}  # caches planned at admission, until insert
         self._memory_polled_at = float("-inf")
+        self._idle_since: float | None = None  # when the batch and queue last became empty
         # (generator, its stats() context, the stats it fills, window start)
         self._window: tuple[BatchGenerator, Any, Any, float] | None = None
 
@@ -210,9 +215,13 @@ class Worker:
     def _run(self) -> None:
         while not self._stopping:
             idle = not self._running and not self._waiting
-            if idle:
+            if not idle:
+                self._idle_since = None
+            elif self._idle_since is None:
+                self._idle_since = self.config.clock()
                 self._end_measure()  # count the last window before waiting for work
-                self._save_prefixes()  # disk writes wait for a moment without requests
+            if idle and self._idle_for() >= SAVE_AFTER_IDLE_S:
+                self._save_prefixes()
             self._drain(block=idle)
             if self._stopping:
                 break
@@ -228,9 +237,17 @@ class Worker:
         self._close_generator()
         self.loaded = None
 
+    def _idle_for(self) -> float:
+        since = self._idle_since
+        return 0.0 if since is None else self.config.clock() - since
+
     def _drain(self, block: bool) -> None:
-        # An idle worker wakes now and then so the sweeper can act on time.
+        # An idle worker wakes now and then so the sweeper can act on time, and when its
+        # pending prefix saves fall due.
         timeout = self.config.sweep_poll_s if self._sweeper is not None else None
+        if block and self._prefix is not None and self._prefix.saves_pending:
+            due = max(0.0, SAVE_AFTER_IDLE_S - self._idle_for()) + 0.01
+            timeout = due if timeout is None else min(timeout, due)
         try:
             command = self._commands.get(timeout=timeout) if block else self._commands.get_nowait()
             while True:
