@@ -225,7 +225,7 @@ def test_mlx_lm_infers_tool_parser_and_thinking(tiny: Any) -> None:
 
 
 def test_test_model_names() -> None:
-    assert all(is_test_model_name(n) for n in ("tiny", "small", "medium", "demo"))
+    assert all(is_test_model_name(n) for n in ("tiny", "small", "medium", "large", "demo"))
     assert not is_test_model_name("Qwen/Qwen3-8B")
     assert "random weights" in DEMO_NOTICE
     with pytest.raises(ValueError, match="nope"):

@@ -58,7 +58,12 @@ def _levels(text: str) -> tuple[int, ...]:
 @app.command("bench")
 def bench(
     model: Annotated[
-        str, typer.Option("--model", "-m", help="Model: alias, org/repo, path, or tiny/small.")
+        str,
+        typer.Option(
+            "--model",
+            "-m",
+            help="Model: alias, org/repo, path, or a test model (tiny, small, medium, large).",
+        ),
     ],
     quick: Annotated[
         bool,

@@ -41,6 +41,7 @@ TEST_MODELS: dict[str, ModelRecipe] = {
     "tiny": ModelRecipe(size="tiny"),
     "small": ModelRecipe(size="small"),
     "medium": ModelRecipe(size="medium"),
+    "large": ModelRecipe(size="large"),
     # Small prefills Claude Code's ~13k-token prompt in seconds on a CPU, so `mlx serve
     # --model demo` answers quickly while still running realistic shapes.
     "demo": ModelRecipe(size="small"),
