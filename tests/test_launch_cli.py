@@ -309,3 +309,41 @@ def test_test_models_get_a_short_output_budget(world: dict[str, Path]) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert _report(world)["env"]["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "2000"
+
+
+def _mlx_on_a_terminal(args: list[str], env: dict[str, str], answer: str) -> tuple[int, str]:
+    """Run mlx with a pseudo-terminal as stdin (so it may ask), type `answer`, return the exit
+    code and what it printed to stderr."""
+    controller, terminal = os.openpty()
+    try:
+        process = subprocess.Popen(
+            [*MLX, *args],
+            env=env,
+            stdin=terminal,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        os.write(controller, answer.encode())
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        os.close(terminal)
+        os.close(controller)
+    return process.returncode, stderr
+
+
+def test_on_a_terminal_it_offers_to_pull_the_recommended_model(world: dict[str, Path]) -> None:
+    env = _env(
+        world,
+        PATH=f"{world['bin']}{os.pathsep}{os.environ['PATH']}",
+        HF_ENDPOINT="http://127.0.0.1:9",  # a hub that is not there
+    )
+    # "n": nothing is pulled, and the error says how to get a model.
+    code, stderr = _mlx_on_a_terminal(["launch", "claude"], env, "n\n")
+    assert "No model is downloaded. Pull the recommended" in stderr
+    assert code == 3, stderr
+    assert "mlx models pull " in stderr and "cannot reach the hub" not in stderr
+    # "y" (or just Enter: yes is the default): it goes on to pull, here from the missing hub.
+    code, stderr = _mlx_on_a_terminal(["launch", "claude"], env, "\n")
+    assert code == 5, stderr
+    assert "cannot reach the hub at http://127.0.0.1:9" in stderr
