@@ -12,7 +12,7 @@ from engine_helpers import wait_until
 from mlx_lm import load
 from mlx_lm.models.cache import make_prompt_cache
 
-import mlxlaunch.engine.worker as worker_module
+import mlxlaunch.engine.warmup as warmup_module
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
 from mlxlaunch.engine.types import ChatMessage, GenerationRequest
@@ -85,14 +85,14 @@ async def test_a_restarted_engine_warms_up_at_the_restored_context(
         first.close()
     assert list(tmp_path.rglob("*.safetensors"))
     contexts: list[int] = []
-    original = worker_module.warm_up
+    original = warmup_module.warm_up
 
     def spy(model: nn.Module, **kwargs: object) -> float | None:
         cache = kwargs.get("cache")
         contexts.append(cache[0].offset if isinstance(cache, list) else 0)
         return original(model, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(worker_module, "warm_up", spy)
+    monkeypatch.setattr(warmup_module, "warm_up", spy)
     restarted = Engine(config)
     restarted.start()
     try:

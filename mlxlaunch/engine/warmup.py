@@ -34,6 +34,8 @@ log = logging.getLogger(__name__)
 WARMUP_PROMPT_TOKENS = 8
 # Tokens it generates: the first comes out of prefill, the second takes a decode step.
 WARMUP_OUTPUT_TOKENS = 2
+# Tokens of the warm-up prefill on top of a restored prefix: about a new session's first message.
+RESTORED_WARMUP_TOKENS = 32
 # Generator steps before giving up (a prefill chunk per step, then one token per step).
 _MAX_STEPS = 32
 
@@ -85,3 +87,26 @@ def warm_up(
     elapsed = time.perf_counter() - start
     log.debug("warm-up took %.1f ms", elapsed * 1000)
     return elapsed
+
+
+def warm_up_loaded(
+    model: nn.Module,
+    *,
+    width: int,
+    prefill_chunk: int,
+    sampler: Any = None,
+    restored: list[Any] | None = None,
+) -> None:
+    """The engine's warm-up after a load: a tiny generation on a fresh cache, then, when
+    prefixes were restored from disk, a few tokens on top of `restored` (a private copy of
+    the most recent one), at the context length a first request will continue."""
+    warm_up(model, width=width, prefill_chunk=prefill_chunk, sampler=sampler)
+    if restored is not None:
+        warm_up(
+            model,
+            width=width,
+            prefill_chunk=prefill_chunk,
+            sampler=sampler,
+            cache=restored,
+            prompt_tokens=RESTORED_WARMUP_TOKENS,
+        )

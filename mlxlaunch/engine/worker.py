@@ -46,15 +46,13 @@ from mlxlaunch.engine.types import (
     Timings,
     Usage,
 )
-from mlxlaunch.engine.warmup import WARMUP_PROMPT_TOKENS, warm_up
+from mlxlaunch.engine.warmup import warm_up_loaded
 
 Command = Callable[[], None]
 
 # The sampler of a request that sets none (Sampling's defaults), which the warm-up compiles.
 _DEFAULT_SAMPLING = (Sampling().temperature, Sampling().top_p, Sampling().top_k)
 
-# Tokens of the warm-up prefill on top of a restored prefix: about a new session's first message.
-RESTORED_WARMUP_TOKENS = 32
 # Prefixes are written to disk only after this long (seconds) without requests: a write takes
 # tens of ms, and Claude Code's next turn often arrives within a second of the last answer
 # (a quick tool call), where it would wait for the write.
@@ -503,24 +501,15 @@ class Worker:
         self._prefix = self._make_prefix_cache(loaded)
         self.renderer = PromptRenderer(loaded.tokenizer, self.tokenizer_lock)
         self.renderer.warm(restored_prompts(self._prefix))  # first prompt: incremental
-        # MLX's first-pass set-up happens now, not in the first request's TTFT; then the
-        # same at the context length of the restored prefix a first request will continue.
-        self._warm_up(loaded, None, WARMUP_PROMPT_TOKENS)
-        restored = self._prefix.warm_start_cache() if self._prefix is not None else None
-        if restored is not None:
-            self._warm_up(loaded, restored, RESTORED_WARMUP_TOKENS)
-        self.stats.model = loaded.info.id
-        self.stats.state = "loaded"
-
-    def _warm_up(self, loaded: LoadedModel, cache: list[Any] | None, prompt_tokens: int) -> None:
-        warm_up(
+        warm_up_loaded(  # MLX's first-pass set-up now, not in the first request's TTFT
             loaded.base_model,
             width=self.config.max_concurrency,
             prefill_chunk=self.config.prefill_chunk,
             sampler=_sampler(*_DEFAULT_SAMPLING),
-            cache=cache,
-            prompt_tokens=prompt_tokens,
+            restored=self._prefix.warm_start_cache() if self._prefix is not None else None,
         )
+        self.stats.model = loaded.info.id
+        self.stats.state = "loaded"
 
     def _require_loaded(self) -> LoadedModel:
         if self.loaded is None:
