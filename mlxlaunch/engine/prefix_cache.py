@@ -230,17 +230,18 @@ class PrefixCache:
                 restored += 1
         return restored
 
-    def warm_start_cache(self) -> list[Any] | None:
+    def warm_start_cache(self, new_tokens: int) -> list[Any] | None:
         """A private copy of the most recently restored prefix's cache (None if there is
-        none), for a throwaway warm-up prefill at the context length the first request will
-        have. Not counted as a lookup: no request asked."""
+        none), for a throwaway warm-up prefill of `new_tokens` at the context length the first
+        request will have. Fetched as a request's would be (same room, so the same buffer
+        sizes: freed, MLX keeps them for the first request). Not counted as a lookup."""
         if self.disk is None or self.exact:
             return None
         for entry in self.disk.recent(1):
             tokens = [int(t) for t in entry.tokens]
             found = self.memory.match(tokens)
             if found > 0:
-                return self.memory.fetch(tokens, found)
+                return self.memory.fetch(tokens, found, room_for(new_tokens))
         return None
 
     # --- stats --------------------------------------------------------------------------

@@ -46,7 +46,7 @@ from mlxlaunch.engine.types import (
     Timings,
     Usage,
 )
-from mlxlaunch.engine.warmup import warm_up_loaded
+from mlxlaunch.engine.warmup import RESTORED_WARMUP_TOKENS, warm_up_loaded
 
 Command = Callable[[], None]
 
@@ -506,7 +506,11 @@ class Worker:
             width=self.config.max_concurrency,
             prefill_chunk=self.config.prefill_chunk,
             sampler=_sampler(*_DEFAULT_SAMPLING),
-            restored=self._prefix.warm_start_cache() if self._prefix is not None else None,
+            restored=(
+                self._prefix.warm_start_cache(RESTORED_WARMUP_TOKENS)
+                if self._prefix is not None
+                else None
+            ),
         )
         self.stats.model = loaded.info.id
         self.stats.state = "loaded"
