@@ -63,24 +63,29 @@ def test_warm_up_continues_a_given_cache(tiny_model_dir: Path) -> None:
     assert seen and seen[0] >= 40 + 4  # the prefill ran on top of the given context
 
 
+async def two_sessions(engine: Engine) -> None:
+    """Two sessions sharing a ~400-token system prompt, one after the other."""
+    prompt = "A long system prompt that the next session shares. " * 40
+    for session in ("one", "two"):
+        request = GenerationRequest(
+            messages=[
+                ChatMessage(role="system", content=prompt),
+                ChatMessage(role="user", content=f"session {session}"),
+            ],
+            max_tokens=2,
+        )
+        async for _ in engine.submit(request):
+            pass
+
+
 async def test_a_restarted_engine_warms_up_at_the_restored_context(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config = EngineConfig(model=str(tiny_model_dir), cache_dir=tmp_path)
-    prompt = "A long system prompt that a later session shares. " * 40
     first = Engine(config)
     first.start()
     try:
-        for session in ("one", "two"):  # the second reuses the first's prefix: saved to disk
-            request = GenerationRequest(
-                messages=[
-                    ChatMessage(role="system", content=prompt),
-                    ChatMessage(role="user", content=f"session {session}"),
-                ],
-                max_tokens=2,
-            )
-            async for _ in first.submit(request):
-                pass
+        await two_sessions(first)  # the second reuses the first's prefix: saved to disk
     finally:
         first.close()
     assert list(tmp_path.rglob("*.safetensors"))
@@ -110,18 +115,8 @@ async def test_prefixes_reach_the_disk_after_a_moment_without_requests(
 ) -> None:
     engine = Engine(EngineConfig(model=str(tiny_model_dir), cache_dir=tmp_path))
     engine.start()
-    prompt = "A long system prompt that the next session shares. " * 40
     try:
-        for session in ("one", "two"):  # the second reuses the first's prefix
-            request = GenerationRequest(
-                messages=[
-                    ChatMessage(role="system", content=prompt),
-                    ChatMessage(role="user", content=f"session {session}"),
-                ],
-                max_tokens=2,
-            )
-            async for _ in engine.submit(request):
-                pass
+        await two_sessions(engine)  # the second reuses the first's prefix
         assert not list(tmp_path.rglob("*.safetensors"))  # not while a next turn may come
         await wait_until(lambda: bool(list(tmp_path.rglob("*.safetensors"))), timeout=10)
     finally:
