@@ -231,6 +231,15 @@ def test_call_left_open_at_the_end_comes_back_as_text() -> None:
     assert summary_for_every_split(qwen_config(), output) == [("text", output)]
 
 
+def test_a_forced_call_cut_off_at_the_end_is_dropped() -> None:
+    # Under tool_choice any/tool the output is constrained to calls: the one max_tokens cut
+    # off is not text anyone wrote, and the calls before it stand.
+    output = call_markup("get_weather", {"city": "A"}) + '\n<tool_call>\n{"name": "get_wea'
+    assert summary_for_every_split(qwen_config(calls_forced=True), output) == [
+        ("tool", ("get_weather", {"city": "A"})),
+    ]
+
+
 def test_arguments_as_json_string_and_parameters_key_are_normalised() -> None:
     output = (
         '<tool_call>{"name": "get_weather", "arguments": "{\\"city\\": \\"Rome\\"}"}</tool_call>'

@@ -103,6 +103,7 @@ def parser_config(info: ModelInfo, tokenizer: TokenizerWrapper, job: Job) -> Par
         stop_sequences=list(request.stop_sequences),
         # Without parallel calls the turn ends after the first one.
         max_tool_calls=None if request.tool_choice.parallel else 1,
+        calls_forced=bool(request.tools) and request.tool_choice.mode in ("any", "tool"),
     )
 
 

@@ -61,6 +61,9 @@ class ParserConfig:
     # None: unlimited. N: after the N-th call the parser is `done` (the engine stops generating
     # and ends the turn with "tool_use"); further calls in the same span are dropped.
     max_tool_calls: int | None = None
+    # True: the output is constrained to tool calls (tool_choice any/tool), so a call that the
+    # end of generation (max_tokens) cuts off is dropped: its markup is not text anyone wrote.
+    calls_forced: bool = False
 
 
 class _State(Enum):
@@ -179,7 +182,10 @@ class OutputParser:
             return []
         self._advance(final=True)
         if self._state is _State.TOOL_CALL:
-            if self._tool_end:  # the end marker never came: the call is incomplete
+            if self._tool_end and self.config.calls_forced:  # cut off: nothing to keep
+                self._tool_body = []
+                self._state = _State.TEXT
+            elif self._tool_end:  # the end marker never came: the call is incomplete
                 self._state = _State.TEXT
                 self._emit_text(self._text.add(self._tool_start + "".join(self._tool_body)))
             else:
