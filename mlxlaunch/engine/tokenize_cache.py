@@ -368,30 +368,12 @@ class IncrementalTokenizer:
         tail_ids = tail.ids
         if not tail_ids or tail_ids[0] != token_id:
             return None
-        ids = entry.ids[:kept]
-        ids.extend(tail_ids[1:])
-        offsets = self._joined_offsets(entry, kept, tail, start, skip=1)
-        marks, ends = entry.marks[: mark + 1], entry.ends[: mark + 1]
-        for index in self._boundary_indices(tail_ids):
-            if index == 0:
-                continue
-            chars = tail.token_to_chars(index)
-            if (
-                chars is None
-                or text[start + chars[0] : start + chars[1]] != self.boundaries[tail_ids[index]]
-            ):
-                return None
-            marks.append(start + chars[1])
-            ends.append(kept + index)
-        self.stats.partial_hits += 1
-        self.stats.reused_tokens += kept
-        if mark == len(entry.marks) - 1:
-            # The new text holds every boundary of the old one: the old one would only ever
-            # save tokenizing its few characters after its last boundary. One conversation
-            # thus keeps one entry, however many turns it has.
-            self._forget(entry)
-        self._remember(_Entry(text, ids, marks, ends, offsets))
-        return ids.tolist()
+        # The new text holds every boundary of the old one: the old one would only ever save
+        # tokenizing its few characters after its last boundary. One conversation thus keeps
+        # one entry, however many turns it has.
+        return self._splice(
+            entry, mark, text, tail, start, kept, skip=1, covers=mark == len(entry.marks) - 1
+        )
 
     def _continue_at_line(
         self, entry: _Entry, mark: int, shared: int, text: str
@@ -411,25 +393,48 @@ class IncrementalTokenizer:
         if kept - special_kept < self.min_line_gain or offsets[kept - 1] != start:
             return None  # too little to gain, or an old token spans the line start
         tail = self._backend.encode(text[start:], add_special_tokens=False)
+        covers = mark == len(entry.marks) - 1 and start >= len(entry.text) - self._line_margin
+        ids = self._splice(entry, mark, text, tail, start, kept, skip=0, covers=covers)
+        if ids is not None:
+            self.stats.line_hits += 1
+        return ids
+
+    def _splice(
+        self,
+        entry: _Entry,
+        mark: int,
+        text: str,
+        tail: Any,
+        start: int,
+        kept: int,
+        *,
+        skip: int,
+        covers: bool,
+    ) -> list[int] | None:
+        """Remember and return `text`'s ids: the entry's first `kept`, then the tail's (the
+        encoding of `text[start:]`) from its token `skip` on. The tail's boundary tokens must
+        sit where its offsets say (else None). `covers`: the new text makes the entry useless."""
+        tail_ids: list[int] = tail.ids  # each read of `.ids` builds a new list
         ids = entry.ids[:kept]
-        ids.extend(tail.ids)
-        new_offsets = self._joined_offsets(entry, kept, tail, start, skip=0)
+        ids.extend(tail_ids[skip:])
+        offsets = self._joined_offsets(entry, kept, tail, start, skip)
         marks, ends = entry.marks[: mark + 1], entry.ends[: mark + 1]
-        for index in self._boundary_indices(tail.ids):
+        for index in self._boundary_indices(tail_ids):
+            if index < skip:
+                continue
             chars = tail.token_to_chars(index)
             if (
                 chars is None
-                or text[start + chars[0] : start + chars[1]] != self.boundaries[tail.ids[index]]
+                or text[start + chars[0] : start + chars[1]] != self.boundaries[tail_ids[index]]
             ):
                 return None
             marks.append(start + chars[1])
-            ends.append(kept + index + 1)
+            ends.append(kept - skip + index + 1)
         self.stats.partial_hits += 1
-        self.stats.line_hits += 1
         self.stats.reused_tokens += kept
-        if mark == len(entry.marks) - 1 and start >= len(entry.text) - self._line_margin:
-            self._forget(entry)  # as in _continue: the new text covers the old one
-        self._remember(_Entry(text, ids, marks, ends, new_offsets))
+        if covers:
+            self._forget(entry)
+        self._remember(_Entry(text, ids, marks, ends, offsets))
         return ids.tolist()
 
     def _joined_offsets(

@@ -343,8 +343,7 @@ class Worker:
             try:
                 self._on_token(job, response.token, response.finish_reason, already_sent=sent)
             except Exception as exc:  # parser or detokenizer trouble is this job's alone
-                self._remove_from_batch(job)
-                self._end_with_error(job, GenerationFailed(f"output processing failed: {exc}"))
+                self._output_failed(job, exc)
                 continue
             touched.append(job)
             if response.finish_reason is not None and response.prompt_cache is not None:
@@ -363,12 +362,15 @@ class Worker:
         try:
             self._on_token(job, token, None)
         except Exception as exc:  # parser or detokenizer trouble is this job's alone
-            self._remove_from_batch(job)
-            self._end_with_error(job, GenerationFailed(f"output processing failed: {exc}"))
+            self._output_failed(job, exc)
             return False
         if not job.finished:
             job.sent_ahead = token
         return True
+
+    def _output_failed(self, job: Job, exc: Exception) -> None:
+        self._remove_from_batch(job)
+        self._end_with_error(job, GenerationFailed(f"output processing failed: {exc}"))
 
     def _on_token(
         self, job: Job, token: int, finish_reason: str | None, *, already_sent: bool = False
