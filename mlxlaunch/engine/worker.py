@@ -22,7 +22,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
-from mlxlaunch.engine import cpu_attention
+from mlxlaunch.engine import cpu_attention, freed_memory
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.constrain import forget_tokenizer
 from mlxlaunch.engine.first_token import sampled_first_tokens
@@ -107,6 +107,7 @@ class Worker:
 
     def start(self) -> None:
         if self._finished is None:
+            freed_memory.keep()  # each request's buffers reused, not faulted in afresh
             self._finished = run_on_mlx_thread(self._run)
 
     def post(self, command: Command) -> None:
@@ -157,6 +158,7 @@ class Worker:
         self.stats.state = "unloaded"
         gc.collect()
         mx.clear_cache()
+        freed_memory.release()
         done.set_result(None)
 
     def enqueue(self, job: Job) -> None:
@@ -660,6 +662,7 @@ class Worker:
             self.unload(concurrent.futures.Future())
         elif action == "clear":
             mx.clear_cache()
+            freed_memory.release()  # what the C allocator kept (see freed_memory.py)
             self.stats.count(idle_cache_clears=1)
         else:
             return
