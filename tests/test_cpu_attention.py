@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from mlx_lm.models import base
 from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache
@@ -42,11 +43,12 @@ def inputs(
 @pytest.mark.parametrize(
     ("batch", "heads", "kv_heads", "length", "total", "mask"),
     [
-        (1, 4, 2, 1, 300, None),  # a decode step
+        (1, 4, 2, 1, 300, None),  # a decode step: one matrix-vector product per head
         (1, 4, 2, 23, 3000, "causal"),  # a few new tokens over a long cache
         (1, 4, 4, 40, 40, "causal"),  # a first chunk: queries are the whole context
         (1, 8, 2, 700, 900, "causal"),  # several query blocks
         (1, 2, 1, 17, 17, None),  # no mask at all
+        (2, 4, 2, 5, 64, "causal"),  # two sequences
     ],
 )
 def test_matches_softmax_attention(
@@ -59,6 +61,27 @@ def test_matches_softmax_attention(
     assert mx.allclose(got, want, rtol=2e-5, atol=2e-6).item()
 
 
+def test_reads_a_caches_slice_of_a_larger_buffer() -> None:
+    # What a KV cache hands attention: the filled part of a buffer with room to spare.
+    q, k, v = inputs(1, 4, 2, 6, 500, 16, mx.float32)
+    spare = mx.zeros((1, 2, 212, 16))
+    k_buffer, v_buffer = mx.concatenate([k, spare], axis=2), mx.concatenate([v, spare], axis=2)
+    got = attention(q, k_buffer[..., :500, :], v_buffer[..., :500, :], scale=0.25, causal=True)
+    assert mx.allclose(got, reference(q, k, v, 0.25, "causal"), rtol=2e-5, atol=2e-6).item()
+
+
+def test_small_blocks_and_threads_give_the_same_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Many blocks of a few rows each, spread over the task threads: the rows of every block
+    # must land in their own place, with the causal edge of each block right.
+    cpu_attention.install()
+    q, k, v = inputs(1, 4, 2, 37, 300, 16, mx.float32)
+    monkeypatch.setattr(cpu_attention, "BLOCK_SCORE_BYTES", 2 * 300 * 4 * 3)  # 3-row blocks
+    monkeypatch.setattr(cpu_attention, "MIN_PARALLEL_SCORES", 1)
+    assert cpu_attention.block_rows(2, 300) == 3
+    got = attention(q, k, v, scale=0.3, causal=True)
+    assert mx.allclose(got, reference(q, k, v, 0.3, "causal"), rtol=2e-5, atol=2e-6).item()
+
+
 def test_half_precision_is_computed_in_float32() -> None:
     q, k, v = inputs(1, 4, 2, 9, 500, 64, mx.bfloat16)
     got = attention(q, k, v, scale=0.125, causal=True)
@@ -67,27 +90,43 @@ def test_half_precision_is_computed_in_float32() -> None:
     assert mx.allclose(got.astype(mx.float32), want.astype(mx.float32), atol=1e-2).item()
 
 
-def test_blocks_keep_scores_small_but_not_tiny() -> None:
-    assert block_rows(4, 12_600) * 4 * 12_600 * 4 <= cpu_attention.BLOCK_SCORE_BYTES
-    assert block_rows(64, 200_000) == cpu_attention.MIN_BLOCK_ROWS
-    assert block_rows(1, 10) == cpu_attention.MAX_BLOCK_ROWS
+def test_blocks_keep_scores_within_their_budget() -> None:
+    rows = block_rows(2, 12_600)
+    assert rows * 2 * 12_600 * 4 <= cpu_attention.BLOCK_SCORE_BYTES
+    assert (rows + 1) * 2 * 12_600 * 4 > cpu_attention.BLOCK_SCORE_BYTES
+    assert block_rows(64, 10_000_000) == 1
 
 
 def test_what_it_leaves_to_mlx_lm() -> None:
-    q = mx.zeros((1, 2, cpu_attention.MIN_QUERIES, 8))
-    k = mx.zeros((1, 1, 2 * cpu_attention.MIN_DECODE_KEYS, 8))
-    short = k[:, :, :100]
+    q = mx.zeros((1, 2, cpu_attention.MIN_QUERIES_HALF, 8))
+    k = mx.zeros((1, 1, 100, 8))
 
     class Quantized:
         bits = 4
 
     assert covers(q, k, None, "causal", None) and covers(q, k, None, None, None)
-    assert covers(q[:, :, :1], k, None, None, None)  # a decode step over a long context
-    assert not covers(q[:, :, :1], short, None, None, None)  # ... over a short one
-    assert not covers(q[:, :, :5], k, None, "causal", None)  # a few queries
+    assert covers(q[:, :, :1], k, None, None, None)  # a float32 decode step
+    assert covers(q[:, :, :5], k, None, "causal", None)  # a few float32 queries
+    half = q.astype(mx.bfloat16)
+    assert covers(half, k, None, "causal", None)  # a half-precision prefill chunk
+    assert not covers(half[:, :, :5], k, None, "causal", None)  # a few: the copy would dominate
     assert not covers(q, k, None, mx.ones((64, 64), dtype=mx.bool_), None)  # an array mask
     assert not covers(q, k, None, "causal", mx.zeros((2,)))  # attention sinks
     assert not covers(q, k, Quantized(), "causal", None)  # quantized KV cache
+
+
+def test_numpys_blas_is_held_to_one_thread_beside_the_task_threads() -> None:
+    from threadpoolctl import threadpool_info
+
+    cpu_attention.install()
+    if cpu_attention.usable_cores() < 2:
+        pytest.skip("one core: no task threads")
+    numpy_dir = np.__file__.rsplit("/", 2)[0]
+    ours = [i for i in threadpool_info() if i["filepath"].startswith(numpy_dir + "/numpy")]
+    if not ours:
+        pytest.skip("this NumPy uses a BLAS outside its package")
+    assert cpu_attention._pool is not None
+    assert all(i["num_threads"] == 1 for i in ours if i["user_api"] == "blas")
 
 
 def batch_cache(padding: int, keys: mx.array) -> BatchKVCache:

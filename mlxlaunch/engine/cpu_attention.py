@@ -1,23 +1,28 @@
-"""Attention for MLX's CPU backend: blocked over queries, with a vectorised exponential.
+"""Attention for MLX's CPU backend, computed by NumPy on MLX's own buffers.
 
-On the CPU, `mx.fast.scaled_dot_product_attention` falls back to plain operations whose
-exponential is the scalar libm one (about 12 ns a value on this class of machine). With a long
-context that exponential is most of the cost of a prefill: 24 new tokens over 12.6k cached
-ones spend ~18 of their ~23 ms in it, and a 12.6k-token cold prefill ~3 of its ~5.6 s.
+On the CPU, `mx.fast.scaled_dot_product_attention` falls back to plain MLX operations whose
+exponential runs at ~12 ns a value here; NumPy's is vectorised (AVX2/AVX-512 where the processor
+has them) at ~0.55 ns. With a long context the exponential is most of the cost of attention:
+measured on 23 queries over 12.6k keys (4 heads), MLX's function takes ~18 ms, 13.5 of them in
+`exp`; this one ~2.5 ms. A 2048-token prefill chunk over 12.6k keys: 1.5 s against ~0.25 s.
 
-Here the softmax uses 2^x = 2^n · 2^f: the integer part goes straight into the exponent bits,
-the fraction through a degree-7 polynomial (relative error ~1e-7, below float32 rounding of
-the sums that follow), as one fused elementwise kernel. Queries are processed in blocks sized
-so that a block's scores stay in the processor's cache; past that size the extra memory
-traffic costs more than the exponential saves.
+The arrays are read in place (an evaluated MLX array exposes its buffer, strides included, so a
+cache's slice of a larger buffer is not copied); scores go into a per-thread scratch buffer that
+is reused, so no call pays fresh page faults for them. Queries are processed in blocks whose
+scores fit BLOCK_SCORE_BYTES, one KV head and block per task, the tasks spread over a thread
+per core: NumPy releases the GIL in its loops and its BLAS, and its exponential is
+single-threaded, so this scales with cores (23 queries over 12.6k keys: 3.3 ms on one thread,
+1.9 ms on two). NumPy's own BLAS is held to one thread for that (`threadpoolctl`): BLAS
+threads of its own on top of these oversubscribe the cores, and MLX's BLAS spinning beside it
+made timings erratic (a 24-token prefill varied between 10 and 36 ms).
 
 Installed by the engine when it runs on the CPU (`install`), in place of mlx-lm's
 `scaled_dot_product_attention` in its model modules. mlx-lm's batch caches always pass a
 boolean mask; for a lone sequence without padding that mask is plain causal attention and is
-treated as such (see `plain_mask`). Anything else — a GPU, batches of
-several sequences, padded or windowed masks, quantized KV caches, attention sinks — goes to
-mlx-lm's own function.
-Set MLXLAUNCH_CPU_ATTENTION=0 to keep mlx-lm's everywhere.
+treated as such (see `plain_mask`). Anything else — a GPU, batches of several sequences,
+padded or windowed masks, quantized KV caches, attention sinks — goes to mlx-lm's own function,
+as do a few queries over a half-precision cache (NumPy would need a float32 copy of the whole
+cache for them). Set MLXLAUNCH_CPU_ATTENTION=0 to keep mlx-lm's everywhere.
 """
 
 from __future__ import annotations
@@ -25,69 +30,60 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.models.cache import BatchKVCache
 
 log = logging.getLogger(__name__)
 
 ENV_SWITCH = "MLXLAUNCH_CPU_ATTENTION"
-# Bytes of float32 scores one query block may take (all heads): about what stays in a core's
-# cache here. On the 2-layer test model at 12.6k keys, 16-row blocks (~3 MiB) were best or level
-# among 8, 16, 24 and 32 rows (1.5k new tokens: 563 ms against 652, 826 and 988 ms).
-BLOCK_SCORE_BYTES = 3 << 20
-# Where this is used, from measurements on Claude Code's real prompt (random tokens flatter
-# it): prefill chunks of MIN_QUERIES or more queries (~1.4-2x faster), and single-query decode
-# steps over MIN_DECODE_KEYS or more keys (2.46 -> 1.60 ms at 15.6k). A few queries over a long
-# cache measured the same as mlx-lm's (~19 ms for 23 over 12.6k), and a decode step over a
-# short context slightly slower (560 vs 582 tokens/s in the engine): those stay with mlx-lm's.
-MIN_QUERIES = 64
-MIN_DECODE_KEYS = 4096
-# Bounds on the rows of a block: below 8 the per-block graph overhead dominates.
-MIN_BLOCK_ROWS = 8
-MAX_BLOCK_ROWS = 256
+# Bytes of float32 scores one query block may take (one KV head's group of query heads).
+# Measured on two threads, 2048 queries over 12.6k keys: 1 MiB blocks 170 ms, 4 MiB 119 ms,
+# 64 MiB 143 ms; 23 queries over 12.6k: 2.7, 1.9 and 1.9 ms.
+BLOCK_SCORE_BYTES = 4 << 20
+# Below this many scores in all (heads x queries x keys), one thread does the whole call: a
+# decode step over a few thousand keys costs less than handing its heads to other threads.
+MIN_PARALLEL_SCORES = 1 << 18
+# Fewer query rows than this (a decode step's few heads) take one matrix-vector product each:
+# OpenBLAS's matrix product is slow for a handful of rows (2 rows over 12.6k keys of depth 32:
+# 224 us; two matrix-vector products: 58 us).
+GEMV_ROWS = 8
+# Half-precision caches: queries from which a float32 copy of the keys and values (NumPy has
+# no bfloat16) costs little next to the attention itself. Fewer go to mlx-lm's function.
+MIN_QUERIES_HALF = 64
 
-_LN2 = 0.6931471805599453
-_LOG2E = 1.4426950408889634
-# Weights below 2^-64 of their row's largest are exactly zero: they cannot change a float32
-# sum, and the exponent bits built below stay far from subnormal numbers.
-_LOWEST_EXPONENT = -64.0
-# Taylor coefficients of e^g, highest first (|g| <= ln2/2 after rounding).
-_COEFFICIENTS = (1 / 5040, 1 / 720, 1 / 120, 1 / 24, 1 / 6, 1 / 2, 1.0, 1.0)
+_scratch = threading.local()
+_pool: ThreadPoolExecutor | None = None
 
 Attention = Callable[..., mx.array]
 
 
-def _exp_parts(scores: mx.array, row_max: mx.array) -> tuple[mx.array, mx.array]:
-    """exp(scores - row_max) as (mantissa factor, exponent bits); multiply them (after a
-    bit cast of the second) to get the value. Split because a bit cast cannot be compiled
-    shapeless."""
-    t = mx.maximum((scores - row_max) * _LOG2E, _LOWEST_EXPONENT)
-    n = mx.round(t)
-    g = (t - n) * _LN2
-    poly = mx.array(_COEFFICIENTS[0], dtype=mx.float32)
-    for c in _COEFFICIENTS[1:]:
-        poly = poly * g + c
-    # Masked scores (-inf) and negligible ones weigh exactly zero.
-    poly = mx.where(t > _LOWEST_EXPONENT, poly, 0.0)
-    return poly, mx.left_shift(n.astype(mx.int32) + 127, 23)
+def _scores_buffer(size: int) -> np.ndarray:
+    """A float32 buffer of `size` values, reused by this thread's later calls."""
+    buffer: np.ndarray | None = getattr(_scratch, "buffer", None)
+    if buffer is None or buffer.size < size:
+        buffer = np.empty(size, dtype=np.float32)
+        _scratch.buffer = buffer
+    return buffer[:size]
 
 
-_compiled_exp_parts: Callable[[mx.array, mx.array], tuple[mx.array, mx.array]] | None = None
+def block_rows(group: int, keys: int) -> int:
+    """Query rows per block so that a block's scores (all `group` heads) fit
+    BLOCK_SCORE_BYTES; at least one."""
+    return max(1, BLOCK_SCORE_BYTES // max(1, group * keys * 4))
 
 
-def _exp_shifted(scores: mx.array, row_max: mx.array) -> mx.array:
-    parts = _compiled_exp_parts or _exp_parts
-    poly, bits = parts(scores, row_max)
-    return poly * bits.view(mx.float32)
-
-
-def block_rows(heads: int, keys: int) -> int:
-    """Query rows per block so that a block's scores fit BLOCK_SCORE_BYTES."""
-    rows = BLOCK_SCORE_BYTES // max(1, heads * keys * 4)
-    return max(MIN_BLOCK_ROWS, min(MAX_BLOCK_ROWS, rows))
+def _float32(array: mx.array) -> np.ndarray:
+    """`array` as a NumPy view of its buffer (a float32 copy first if it is not float32)."""
+    if array.dtype != mx.float32:
+        array = array.astype(mx.float32)
+    mx.eval(array)
+    return np.asarray(array)
 
 
 def attention(
@@ -101,42 +97,69 @@ def attention(
     """softmax(scale · q kᵀ) v for (B, H, T, D) queries over (B, KV, S, D) keys; `causal`: the
     last T keys are the queries' own positions and later keys are hidden from each query.
 
-    Grouped-query heads share their keys without copying them. Computed in float32, returned
-    in the queries' dtype.
+    Grouped-query heads share their keys without copying them. Computed in float32 (the
+    inputs are evaluated here), returned in the queries' dtype.
     """
-    batch, heads, length, depth = queries.shape
-    kv_heads, total = keys.shape[1], keys.shape[2]
+    mx.eval(queries, keys, values)
+    q, k, v = _float32(queries), _float32(keys), _float32(values)
+    batch, heads, length, _ = q.shape
+    kv_heads, total = k.shape[1], k.shape[2]
     group = heads // kv_heads
-    q = (queries.astype(mx.float32) * scale).reshape(batch, kv_heads, group, length, depth)
-    k = keys.astype(mx.float32)
-    v = values.astype(mx.float32)
-    if length > 1:
-        # A cache's keys are a slice of a larger buffer; for several queries, one copy into
-        # their own buffer measured 2x faster overall (20.6 -> 10.3 ms for 23 queries over
-        # 12.6k keys); a single query is faster without it.
-        k = mx.contiguous(k)
-    rows = block_rows(heads, total)
-    blocks = []
-    for start in range(0, length, rows):
-        stop = min(length, start + rows)
-        n = stop - start
-        # Causal: keys after the block's last query are invisible to the whole block.
-        visible = total - length + stop if causal else total
-        scores = q[:, :, :, start:stop].reshape(batch, kv_heads, group * n, depth) @ k[
-            :, :, :visible
-        ].swapaxes(-1, -2)
-        if causal and n > 1:
-            query_pos = mx.arange(visible - n, visible)[:, None]
-            scores = mx.where(
-                mx.arange(visible)[None] <= query_pos,
-                scores.reshape(batch, kv_heads, group, n, visible),
-                -mx.inf,
-            ).reshape(batch, kv_heads, group * n, visible)
-        weights = _exp_shifted(scores, mx.max(scores, axis=-1, keepdims=True))
-        out = (weights @ v[:, :, :visible]) / weights.sum(axis=-1, keepdims=True)
-        blocks.append(out.reshape(batch, kv_heads, group, n, -1))
-    out = blocks[0] if len(blocks) == 1 else mx.concatenate(blocks, axis=3)
-    return out.reshape(batch, heads, length, -1).astype(queries.dtype)
+    out = np.empty((batch, heads, length, v.shape[-1]), dtype=np.float32)
+    rows = block_rows(group, total)
+    tasks = []
+    for b in range(batch):
+        for h in range(kv_heads):
+            heads_of_h = slice(h * group, (h + 1) * group)
+            for start in range(0, length, rows):
+                block = slice(start, min(length, start + rows))
+                tasks.append(
+                    (q[b, heads_of_h], k[b, h], v[b, h], out[b, heads_of_h], block, scale, causal)
+                )
+    pool = _pool
+    if pool is None or len(tasks) < 2 or heads * length * total < MIN_PARALLEL_SCORES:
+        for task in tasks:
+            _attend(*task)
+    else:
+        for future in [pool.submit(_attend, *task) for task in tasks]:
+            future.result()
+    result = mx.array(out)
+    return result if queries.dtype == mx.float32 else result.astype(queries.dtype)
+
+
+def _attend(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    out: np.ndarray,
+    block: slice,
+    scale: float,
+    causal: bool,
+) -> None:
+    """Rows `block` of one KV head: (G, T, D) queries over (S, D) keys and values, into the
+    same rows of (G, T, Dv) `out`."""
+    group, length, depth = q.shape
+    start, stop = block.start, block.stop
+    n = stop - start
+    # Causal: keys after the block's last query are invisible to the whole block.
+    visible = k.shape[0] - length + stop if causal else k.shape[0]
+    queries = (q[:, block] * np.float32(scale)).reshape(group * n, depth)
+    scores = _scores_buffer(group * n * visible).reshape(group * n, visible)
+    if group * n < GEMV_ROWS:
+        for row in range(group * n):  # see GEMV_ROWS
+            np.matmul(k[:visible], queries[row], out=scores[row])
+    else:
+        np.matmul(queries, k[:visible].T, out=scores)
+    if causal and n > 1:
+        # Query i of the block sits at key visible - n + i and sees no key after it.
+        own = scores.reshape(group, n, visible)[:, :, visible - n :]
+        own[:, np.triu(np.ones((n, n), dtype=bool), 1)] = -np.inf
+    np.subtract(scores, scores.max(axis=-1, keepdims=True), out=scores)
+    np.exp(scores, out=scores)
+    sums = scores.sum(axis=-1, keepdims=True)
+    weighted = scores @ v[:visible]
+    weighted /= sums
+    out[:, block] = weighted.reshape(group, n, -1)
 
 
 def plain_mask(queries: mx.array, keys: Any, mask: Any, cache: Any) -> Any:
@@ -182,8 +205,7 @@ def covers(queries: mx.array, keys: Any, cache: Any, mask: Any, sinks: Any) -> b
     """Whether `attention` handles this call (else mlx-lm's own function does)."""
     if sinks is not None or hasattr(cache, "bits") or queries.ndim != 4:
         return False
-    length = queries.shape[2]
-    if (length == 1 and keys.shape[-2] < MIN_DECODE_KEYS) or 1 < length < MIN_QUERIES:
+    if queries.dtype != mx.float32 and queries.shape[2] < MIN_QUERIES_HALF:
         return False
     if mx.default_device().type != mx.DeviceType.cpu:
         return False
@@ -220,7 +242,6 @@ def enabled() -> bool:
 def install() -> int:
     """Put `attention` behind mlx-lm's `scaled_dot_product_attention` in every loaded
     mlx-lm model module (idempotent). Returns how many modules now use it."""
-    global _compiled_exp_parts
     if not enabled():
         return 0
     try:
@@ -230,8 +251,7 @@ def install() -> int:
     original = getattr(base, "scaled_dot_product_attention", None)
     if original is None:
         return 0
-    if _compiled_exp_parts is None:
-        _compiled_exp_parts = _compile_exp_parts()
+    _start_threads()
     replacement = _replacement(original)
     patched = 0
     # `base` keeps mlx-lm's own: it is what the replacement falls back to.
@@ -247,14 +267,38 @@ def install() -> int:
     return patched
 
 
-def _compile_exp_parts() -> Callable[[mx.array, mx.array], tuple[mx.array, mx.array]] | None:
-    """The fused kernel, or None (plain operations) if this MLX cannot compile it."""
+def usable_cores() -> int:
+    """Cores this process may run on."""
     try:
-        compiled = mx.compile(_exp_parts, shapeless=True)
-        probe = mx.array([[0.0, -1.0, -mx.inf]])
-        poly, bits = compiled(probe, mx.zeros((1, 1)))
-        mx.eval(poly, bits)
-    except Exception as exc:  # a missing JIT toolchain costs speed, not correctness
-        log.info("CPU attention: exponential not compiled (%s)", exc)
-        return None
-    return compiled
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+def _start_threads() -> None:
+    """The task threads, if NumPy's BLAS can be held to one thread (else one thread does all,
+    with NumPy's BLAS threaded as it is)."""
+    global _pool
+    cores = usable_cores()
+    if _pool is not None or cores < 2 or not _single_threaded_numpy_blas():
+        return
+    _pool = ThreadPoolExecutor(max_workers=cores, thread_name_prefix="mlxlaunch-attention")
+
+
+def _single_threaded_numpy_blas() -> bool:
+    """Hold the BLAS inside NumPy's own package (a wheel bundles it) to one thread. A BLAS
+    shared with MLX is left alone: MLX's matrix products need its threads. True if held."""
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:  # pragma: no cover - a dependency
+        return False
+    package = os.path.dirname(os.path.dirname(os.path.abspath(np.__file__)))
+    held = False
+    for library in ThreadpoolController().lib_controllers:
+        if library.user_api != "blas":
+            continue
+        path = os.path.abspath(library.filepath)
+        if path.startswith(os.path.join(package, "numpy")):  # numpy/ or numpy.libs/
+            library.set_num_threads(1)
+            held = True
+    return held
