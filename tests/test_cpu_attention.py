@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -183,3 +184,40 @@ def test_install_replaces_mlx_lm_attention_in_model_modules(
     monkeypatch.setenv(cpu_attention.ENV_SWITCH, "0")
     assert cpu_attention.install() == 0
     assert sys.modules["mlx_lm.models.qwen3"].scaled_dot_product_attention is original
+
+
+def test_a_prefills_last_layer_is_left_lazy_and_right_if_read(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # mlx-lm prefills by evaluating the caches only: the last layer's attention output is
+    # never read, and MLX's lazy graph skips it. Eager attention there would be wasted work.
+    from mlx_lm import load
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model = load(str(tiny_model_dir))[0]  # one layer: it is the last
+    cpu_attention.install(model)
+    eager: list[int] = []
+    real = cpu_attention.attention
+
+    def counted(queries: mx.array, *args: object, **kwargs: object) -> mx.array:
+        eager.append(queries.shape[2])
+        return real(queries, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(cpu_attention, "attention", counted)
+    prompt = mx.array([[5, 6, 7, 8, 9, 10]])
+    cache = make_prompt_cache(model)
+    logits = model(prompt, cache=cache)
+    mx.eval([c.state for c in cache])
+    assert eager == []
+    step = model(mx.array([[11]]), cache=cache)
+    mx.eval(step)
+    assert eager == [1]  # a decode step's output is read: computed here
+    # Read after all, the lazy output is what a plain forward pass gives.
+    monkeypatch.setenv(cpu_attention.ENV_SWITCH, "0")
+    fresh = make_prompt_cache(model)
+    with_original = base.scaled_dot_product_attention
+    import mlx_lm.models.qwen3 as qwen3
+
+    monkeypatch.setattr(qwen3, "scaled_dot_product_attention", with_original)
+    want = model(prompt, cache=fresh)
+    assert mx.allclose(logits, want, rtol=1e-4, atol=1e-5).item()

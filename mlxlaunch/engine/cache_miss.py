@@ -68,7 +68,7 @@ class MissTracker:
         self.last: MissReport | None = None
 
     def observe(
-        self, tokens: Sequence[int], *, cached_tokens: int, request_id: str, kind: str
+        self, tokens: Sequence[int] | np.ndarray, *, cached_tokens: int, request_id: str, kind: str
     ) -> MissReport | None:
         """Compare a new prompt with the recent ones, remember it, and report a miss."""
         request = np.asarray(tokens, dtype=np.int64)

@@ -58,6 +58,7 @@ GEMV_ROWS = 8
 MIN_QUERIES_HALF = 64
 
 _scratch = threading.local()
+_forward = threading.local()  # .last: the last layer's cache of this thread's forward pass
 _pool: ThreadPoolExecutor | None = None
 
 Attention = Callable[..., mx.array]
@@ -224,12 +225,40 @@ def _replacement(original: Attention) -> Attention:
     ) -> mx.array:
         if sinks is None and not hasattr(cache, "bits"):
             mask = plain_mask(queries, keys, mask, cache)
-        if covers(queries, keys, cache, mask, sinks):
+        if covers(queries, keys, cache, mask, sinks) and not _output_unread(queries, cache):
             return attention(queries, keys, values, scale=scale, causal=mask is not None)
         return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
 
     scaled_dot_product_attention.mlxlaunch_original = original  # type: ignore[attr-defined]
     return scaled_dot_product_attention
+
+
+def _output_unread(queries: mx.array, cache: Any) -> bool:
+    """Whether this is the last layer of a multi-token pass: mlx-lm prefills by evaluating
+    only the caches, so that layer's attention output is never read, and MLX's lazy
+    evaluation skips it, where this module's eager attention would compute it (one layer
+    in L of a prefill's attention). MLX's own function keeps it lazy; should anything read
+    it after all (a speculative decoder's verification pass), it is computed then."""
+    return queries.shape[2] > 1 and cache is not None and cache is getattr(_forward, "last", None)
+
+
+def _track_last_layer(model_class: type) -> None:
+    """Make `model_class`'s forward pass note its last layer's cache for `_output_unread`."""
+    forward = model_class.__call__
+    if getattr(forward, "mlxlaunch_forward", False):
+        return
+
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        caches = kwargs.get("cache", args[1] if len(args) > 1 else None)
+        outer = getattr(_forward, "last", None)
+        _forward.last = caches[-1] if isinstance(caches, list | tuple) and caches else None
+        try:
+            return forward(self, *args, **kwargs)
+        finally:
+            _forward.last = outer
+
+    __call__.mlxlaunch_forward = True  # type: ignore[attr-defined]
+    model_class.__call__ = __call__  # type: ignore[method-assign]
 
 
 def enabled() -> bool:
@@ -239,11 +268,15 @@ def enabled() -> bool:
     return bool(mx.default_device().type == mx.DeviceType.cpu)
 
 
-def install() -> int:
+def install(model: Any = None) -> int:
     """Put `attention` behind mlx-lm's `scaled_dot_product_attention` in every loaded
-    mlx-lm model module (idempotent). Returns how many modules now use it."""
+    mlx-lm model module (idempotent). Returns how many modules now use it. `model`: the
+    loaded model, whose forward pass then tells which layer is its last (see
+    `_output_unread`)."""
     if not enabled():
         return 0
+    if model is not None:
+        _track_last_layer(type(model))
     try:
         from mlx_lm.models import base
     except ImportError:  # pragma: no cover - mlx-lm is a dependency

@@ -175,7 +175,7 @@ class DiskCache:
     def nbytes(self) -> int:
         return sum(e.nbytes for e in self._entries.values())
 
-    def best(self, tokens: Sequence[int]) -> tuple[DiskEntry | None, int]:
+    def best(self, tokens: Sequence[int] | np.ndarray) -> tuple[DiskEntry | None, int]:
         """The entry sharing the longest prefix with `tokens`, and that length."""
         request = np.asarray(tokens, dtype=np.int64)
         best, best_len = None, 0

@@ -500,7 +500,7 @@ class Worker:
             self.stats.state = "unloaded"
             raise
         self.loaded = loaded
-        cpu_attention.install()  # the CPU backend's attention, before anything runs the model
+        cpu_attention.install(loaded.base_model)  # the CPU backend's, before the model runs
         self._memory = self._memory_budget(loaded)
         self._prefix = self._make_prefix_cache(loaded)
         self.renderer = PromptRenderer(loaded.tokenizer, self.tokenizer_lock)
