@@ -100,13 +100,16 @@ def test_blocks_keep_scores_within_their_budget() -> None:
 
 def test_what_it_leaves_to_mlx_lm() -> None:
     q = mx.zeros((1, 2, cpu_attention.MIN_QUERIES_HALF, 8))
-    k = mx.zeros((1, 1, 100, 8))
+    k = mx.zeros((1, 1, cpu_attention.MIN_DECODE_KEYS, 8))
+    short = k[:, :, :100]
 
     class Quantized:
         bits = 4
 
     assert covers(q, k, None, "causal", None) and covers(q, k, None, None, None)
-    assert covers(q[:, :, :1], k, None, None, None)  # a float32 decode step
+    assert covers(q[:, :, :1], k, None, None, None)  # a float32 decode step over a long context
+    assert not covers(q[:, :, :1], short, None, None, None)  # ... over a short one
+    assert covers(q[:, :, :5], short, None, "causal", None)  # a few queries over a short one
     assert covers(q[:, :, :5], k, None, "causal", None)  # a few float32 queries
     half = q.astype(mx.bfloat16)
     assert covers(half, k, None, "causal", None)  # a half-precision prefill chunk
@@ -204,6 +207,7 @@ def test_a_prefills_last_layer_is_left_lazy_and_right_if_read(
         return real(queries, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(cpu_attention, "attention", counted)
+    monkeypatch.setattr(cpu_attention, "MIN_DECODE_KEYS", 1)  # decode steps here too
     prompt = mx.array([[5, 6, 7, 8, 9, 10]])
     cache = make_prompt_cache(model)
     logits = model(prompt, cache=cache)
