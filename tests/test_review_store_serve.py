@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from fakehub import TINY_REPO, FakeHub, serve_test_repos
-from test_serve_cli import _read_announcement
+from test_serve_cli import _read_announcement, _start_serve
 
 from mlxlaunch.cli.main import main
 
@@ -35,13 +35,7 @@ def test_a_pulled_repo_is_served_by_its_id_without_asking_the_hub(hub: FakeHub) 
     assert main(["models", "pull", TINY_REPO]) == 0
     asked_before = len(hub.requests)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "MLX_AUTH_TOKEN": "review-token-0123456789"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mlxlaunch", "serve", "--model", TINY_REPO, "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    proc = _start_serve(TINY_REPO, env)
     try:
         url, token, _ = _read_announcement(proc, time.monotonic() + 60)
         assert token == "review-token-0123456789"

@@ -17,6 +17,17 @@ from mlxlaunch.launch.state import running_servers
 from mlxlaunch.testing import DEMO_NOTICE
 
 
+def _start_serve(model: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    """`mlx serve --model MODEL` on any free port, in a child process with `env`."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "mlxlaunch", "serve", "--model", model, "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
 def _read_announcement(proc: subprocess.Popen[str], deadline: float) -> tuple[str, str, str]:
     """Read stdout until the announcement ends; return the URL, the token and all it said."""
     assert proc.stdout is not None
@@ -40,13 +51,7 @@ def _read_announcement(proc: subprocess.Popen[str], deadline: float) -> tuple[st
 def test_serve_demo_answers_and_stops(tmp_path: Path, stop_signal: signal.Signals) -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("MLX_AUTH_TOKEN", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mlxlaunch", "serve", "--model", "demo", "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    proc = _start_serve("demo", env)
     try:
         url, token, announcement = _read_announcement(proc, time.monotonic() + 60)
         assert len(token) >= 32  # generated, not a fixed default

@@ -27,7 +27,6 @@ cache for them). Set MLXLAUNCH_CPU_ATTENTION=0 to keep mlx-lm's everywhere.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import threading
@@ -38,8 +37,6 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import BatchKVCache
-
-log = logging.getLogger(__name__)
 
 ENV_SWITCH = "MLXLAUNCH_CPU_ATTENTION"
 # Bytes of float32 scores one query block may take (one KV head's group of query heads).
@@ -84,14 +81,6 @@ def block_rows(group: int, keys: int) -> int:
     return max(1, BLOCK_SCORE_BYTES // max(1, group * keys * 4))
 
 
-def _float32(array: mx.array) -> np.ndarray:
-    """`array` as a NumPy view of its buffer (a float32 copy first if it is not float32)."""
-    if array.dtype != mx.float32:
-        array = array.astype(mx.float32)
-    mx.eval(array)
-    return np.asarray(array)
-
-
 def attention(
     queries: mx.array,
     keys: mx.array,
@@ -106,8 +95,11 @@ def attention(
     Grouped-query heads share their keys without copying them. Computed in float32 (the
     inputs are evaluated here), returned in the queries' dtype.
     """
-    mx.eval(queries, keys, values)
-    q, k, v = _float32(queries), _float32(keys), _float32(values)
+    # One evaluation for all three (a float32 copy first where NumPy needs one), then NumPy
+    # views of their buffers.
+    inputs = [a if a.dtype == mx.float32 else a.astype(mx.float32) for a in (queries, keys, values)]
+    mx.eval(*inputs)
+    q, k, v = (np.asarray(a) for a in inputs)
     batch, heads, length, _ = q.shape
     kv_heads, total = k.shape[1], k.shape[2]
     group = heads // kv_heads
@@ -319,8 +311,10 @@ def _start_threads() -> None:
     """The task threads, if NumPy's BLAS can be held to one thread (else one thread does all,
     with NumPy's BLAS threaded as it is)."""
     global _pool
+    if _pool is not None:
+        return
     cores = usable_cores()
-    if _pool is not None or cores < 2 or not _single_threaded_numpy_blas():
+    if cores < 2 or not _single_threaded_numpy_blas():
         return
     _pool = ThreadPoolExecutor(max_workers=cores, thread_name_prefix="mlxlaunch-attention")
 
