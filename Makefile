@@ -4,14 +4,12 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# MLX's Linux CPU wheel links the reference BLAS; an optimised OpenBLAS, when present, makes
-# matmul ~33x faster (see shared FACTS). Used if installed, never required.
-OPENBLAS := $(wildcard /usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 /usr/lib/aarch64-linux-gnu/openblas-pthread/libopenblas.so.0)
-BLAS_ENV := $(if $(OPENBLAS),LD_PRELOAD=$(firstword $(OPENBLAS)),)
+# No BLAS setting here: `mlx` and the test session (tests/conftest.py) load an installed
+# OpenBLAS themselves before MLX (mlxlaunch/blas.py); MLXLAUNCH_BLAS=reference turns it off.
 MODEL ?= demo
-CLAUDE_CODE_VERSION := 2.1.332
-# `claude` from PATH, else a pinned copy installed locally with npm on first use.
-CLAUDE_BIN := $(or $(shell command -v claude 2>/dev/null),.cache/claude/node_modules/.bin/claude)
+# Claude Code: `claude` on PATH, else the release mlxlaunch pins (the version is set once, in
+# mlxlaunch/launch/claude_bin.py), installed with npm on first use into mlxlaunch's home, where
+# `mlx doctor` and a plain `mlx launch claude` find it afterwards.
 
 .PHONY: run test check install completions
 
@@ -24,15 +22,12 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 ## Start Claude Code on a local model (default: the offline demo model; MODEL=... to choose).
-run: $(STAMP) $(CLAUDE_BIN)
-	$(BLAS_ENV) $(BIN)/mlx launch claude --model $(MODEL) --claude-bin $(CLAUDE_BIN)
-
-.cache/claude/node_modules/.bin/claude:
-	npm install --prefix .cache/claude --no-audit --no-fund @anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION)
+run: $(STAMP)
+	$(BIN)/mlx launch claude --install-claude --model $(MODEL)
 
 ## The whole test suite (what CI runs).
 test: $(STAMP)
-	$(BLAS_ENV) $(BIN)/python -m pytest
+	$(BIN)/python -m pytest
 
 ## Lint and type-check.
 check: $(STAMP)

@@ -1,5 +1,5 @@
 """`python -m mlxlaunch` runs the `mlx` command."""
 
-from mlxlaunch.cli.main import entry
+from mlxlaunch.console import run
 
-entry()
+run()

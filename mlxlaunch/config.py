@@ -3,7 +3,8 @@
 The file lives in the platform's user config directory (or `$MLXLAUNCH_CONFIG_DIR`), holds flat
 `key = value` pairs, and is only ever written by `save_config` so hand edits stay readable.
 Unknown keys in the file are kept and ignored, so an older mlxlaunch never destroys a newer
-one's settings.
+one's settings. Every value is checked by the same rule when it is set and when the file is read
+(a hand edit included), so a bad one is a ConfigError naming the key, never a failed launch.
 """
 
 from __future__ import annotations
@@ -18,27 +19,52 @@ from typing import Any
 
 import platformdirs
 
+from mlxlaunch.engine.sweeper import parse_duration
 from mlxlaunch.errors import ConfigError
 
 CONFIG_DIR_ENV = "MLXLAUNCH_CONFIG_DIR"
 CONFIG_FILENAME = "config.toml"
 
+# Claude Code's system prompt and tool definitions alone are ~15k tokens (14.5k measured with
+# 2.1.332); a smaller window fails every request, so it is refused up front.
+MIN_CONTEXT_LENGTH = 16384
 
-def _positive_int(text: str) -> int:
+
+def check_context_length(tokens: int) -> int:
+    """`tokens` if it is a usable context window; ValueError with the reason otherwise.
+
+    The one rule for `--context-length` (serve and launch) and the `context-length` setting.
+    """
+    if tokens < MIN_CONTEXT_LENGTH:
+        raise ValueError(
+            f"{tokens} is below the minimum of {MIN_CONTEXT_LENGTH}: Claude Code's system "
+            "prompt and tools alone take ~15k tokens"
+        )
+    return tokens
+
+
+def _whole_number(text: str) -> int:
     try:
-        value = int(text)
+        return int(text.strip())
     except ValueError:
         raise ValueError("expected a whole number") from None
-    if value <= 0:
-        raise ValueError("expected a number above 0")
-    return value
+
+
+def _context_length(text: str) -> int:
+    return check_context_length(_whole_number(text))
 
 
 def _port(text: str) -> int:
-    value = _positive_int(text)
-    if value > 65535:
-        raise ValueError("a port is at most 65535")
+    value = _whole_number(text)
+    if not 0 <= value <= 65535:
+        raise ValueError("a port is 0 to 65535 (0: any free one)")
     return value
+
+
+def _duration(text: str) -> str:
+    """A duration as the engine's sweeper reads it (`30m`, `2h`, `0`, `never`); kept as text."""
+    parse_duration(text)  # ValueError with the accepted forms
+    return text.strip()
 
 
 def _text(text: str) -> str:
@@ -61,9 +87,15 @@ KEYS: dict[str, ConfigKey] = {
     for k in (
         ConfigKey("default-model", "model `mlx launch claude` uses without --model", _text),
         ConfigKey("small-model", "model for Claude Code's haiku tier (background work)", _text),
-        ConfigKey("port", "port for the server (default: a free one)", _port),
-        ConfigKey("context-length", "context window (default: the model's)", _positive_int),
-        ConfigKey("keep-alive", "how long an idle model stays loaded, e.g. 30m or never", _text),
+        ConfigKey("port", "port for the server, 0-65535 (default: a free one)", _port),
+        ConfigKey(
+            "context-length",
+            f"context window in tokens, at least {MIN_CONTEXT_LENGTH} (default: the model's)",
+            _context_length,
+        ),
+        ConfigKey(
+            "keep-alive", "how long an idle model stays loaded, e.g. 30m, 2h or never", _duration
+        ),
     )
 }
 
@@ -132,7 +164,8 @@ def load_config(env: Mapping[str, str] | None = None) -> UserConfig:
             values[key] = KEYS[key].parse(str(value))
         except ValueError as exc:
             raise ConfigError(
-                f"{path}: {key} = {value!r}: {exc}", hint=f"mlx config set {key} VALUE"
+                f"{path}: {key} = {value!r} is refused: {exc}",
+                hint=f"mlx config set {key} VALUE ({KEYS[key].help}), or mlx config unset {key}",
             ) from exc
     return UserConfig(values)
 
@@ -161,7 +194,9 @@ def set_value(key: str, text: str, env: Mapping[str, str] | None = None) -> Any:
     try:
         value = spec.parse(text)
     except ValueError as exc:
-        raise ConfigError(f"{key}: {text!r}: {exc}") from exc
+        raise ConfigError(
+            f"cannot set {key} to {text!r}: {exc}", hint=f"{key}: {spec.help}"
+        ) from exc
     path = config_path(env)
     raw = _read_raw(path)
     raw[key] = value

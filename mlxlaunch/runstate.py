@@ -9,11 +9,13 @@ One JSON file per server process under `<home>/run/` (home: `mlxlaunch.home`), n
 `model` is the name the user gave (alias, repo id or path); `model_path` the resolved directory.
 The token makes records secret: writers keep them 0600 inside a 0700 directory. A record whose
 process is gone is stale. This module is top-level so both writers (`launch.state`) and
-token-less readers (`store.running`, which must not import launch) share one parser.
+token-less readers (`store.running`, which must not import launch) share one parser and one
+answer to "what is running" (`running_servers`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -136,3 +138,19 @@ def scan_records(directory: Path, *, partial: bool = False) -> RunScan:
         else:
             scan.dead.append(path)
     return scan
+
+
+def running_servers(
+    home: Path | None = None, *, prune: bool = True, partial: bool = False
+) -> list[RunState]:
+    """Live servers from the records under `home` (default: mlxlaunch's), newest first.
+
+    `prune` deletes stale and malformed records. `partial` reads records that only name a
+    pid (see `RunState.from_json`); such readers never talk to the server.
+    """
+    scan = scan_records(run_dir(home), partial=partial)
+    if prune:
+        for path in scan.dead:
+            with contextlib.suppress(OSError):
+                path.unlink()
+    return sorted((state for _, state in scan.live), key=lambda s: s.started_at, reverse=True)

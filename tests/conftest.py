@@ -12,6 +12,20 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from mlxlaunch.blas import use_optimised_blas
+
+# First, before any test imports mlx: libmlx binds its matmul to the first BLAS loaded, so the
+# suite runs on an installed OpenBLAS like `mlx` does, and on the reference BLAS without one.
+BLAS = use_optimised_blas()
+
+
+def pytest_report_header() -> str:
+    """Which BLAS this run's MLX multiplies with (CI's log shows a fresh machine's run)."""
+    if BLAS.outcome == "loaded":
+        return f"BLAS: {BLAS.path}"
+    return f"BLAS: the mlx wheel's own ({BLAS.outcome})"
+
+
 if TYPE_CHECKING:
     from mlxlaunch.engine.engine import Engine
     from mlxlaunch.testing.scripted import ScriptedOutput
@@ -62,3 +76,39 @@ def engine(tiny_model_dir: Path, scripted: ScriptedOutput) -> Iterator[Engine]:
     engine = Engine(EngineConfig(model=str(tiny_model_dir), logits_hook=scripted))
     yield engine
     engine.close()
+
+
+# Signals whose handling a test must leave as it found it: child processes inherit an ignored
+# signal, so one test's leftover SIG_IGN makes a later `mlx serve` deaf to Ctrl-C.
+_GUARDED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGTTOU", "SIGTSTP", "SIGCONT")
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_are_restored() -> Iterator[None]:
+    import signal
+
+    guarded = [getattr(signal, name) for name in _GUARDED_SIGNALS]
+    before = {sig: signal.getsignal(sig) for sig in guarded}
+    yield
+    changed = {
+        sig.name: (before[sig], now)
+        for sig in guarded
+        if (now := signal.getsignal(sig)) is not before[sig]
+    }
+    for sig in guarded:
+        signal.signal(sig, before[sig])  # restored either way, so one leak fails one test
+    assert not changed, f"signal handlers left changed: {changed}"
+
+
+@pytest.fixture(autouse=True)
+def _environment_is_restored() -> Iterator[None]:
+    # Child processes (`mlx serve`, `mlx launch`) inherit os.environ: a variable one test left
+    # behind changes what every later test's children do. Use monkeypatch.setenv instead.
+    before = dict(os.environ)
+    yield
+    after = dict(os.environ)
+    if after != before:
+        os.environ.clear()
+        os.environ.update(before)
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    assert not changed, f"environment variables left changed: {changed}"

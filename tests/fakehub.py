@@ -9,14 +9,18 @@ Serves repos from memory on 127.0.0.1 (port 0) with a threaded `http.server`:
 - 404 with X-Error-Code RepoNotFound / RevisionNotFound / EntryNotFound.
 
 No Xet headers are ever sent, so clients download over plain HTTP. Faults for tests:
-`drop_once(file, after_bytes)` closes the connection mid-body once; `go_down()` answers 503 to
-everything until `come_back()`. Every request is logged in `requests` (method, path, Range).
+`drop_once(file, after_bytes)` closes the connection mid-body once; `stall(file, after_bytes)`
+sends the headers and the body up to that byte, then nothing more until `unstall()`;
+`go_down()` answers 503 to everything until `come_back()`. Every request is logged in
+`requests` (method, path, Range). `SilentHub` is a hub that accepts connections and never
+answers at all.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import socket
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -76,6 +80,8 @@ class FakeRepo:
 @dataclass
 class _Faults:
     drops: dict[str, int] = field(default_factory=dict)  # repo path -> bytes before the drop
+    stalls: dict[str, int] = field(default_factory=dict)  # repo path -> byte where it stalls
+    released: threading.Event = field(default_factory=threading.Event)  # stalls end when set
     down: bool = False
     down_after_drop: bool = False
 
@@ -113,6 +119,17 @@ class FakeHub:
         self.faults.drops[path] = after_bytes
         self.faults.down_after_drop = then_go_down
 
+    def stall(self, path: str, after_bytes: int) -> None:
+        """Every GET of `path` sends its headers and the body up to byte `after_bytes` of the
+        file, then holds the connection silent until `unstall()` (a hub that hangs mid-body)."""
+        self.faults.released.clear()
+        self.faults.stalls[path] = after_bytes
+
+    def unstall(self) -> None:
+        """End every stall: held connections close, later GETs are served whole."""
+        self.faults.stalls.clear()
+        self.faults.released.set()
+
     def go_down(self) -> None:
         """Answer 503 to every request (a hub outage)."""
         self.faults.down = True
@@ -145,6 +162,7 @@ class FakeHub:
         return self
 
     def stop(self) -> None:
+        self.faults.released.set()  # no handler thread outlives the hub in a stall
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -320,6 +338,10 @@ class _HubHandler(BaseHTTPRequestHandler):
         hub = self.owner
         with hub._lock:
             drop_at = hub.faults.drops.pop(path, None) if self.command == "GET" else None
+            stall_at = hub.faults.stalls.get(path) if self.command == "GET" else None
+        if stall_at is not None:
+            self._stall(status, headers, body[: max(0, stall_at - start)], len(body))
+            return
         if drop_at is None:
             self._send(status, body, headers)
             return
@@ -335,6 +357,60 @@ class _HubHandler(BaseHTTPRequestHandler):
             hub.faults.down = True
         self.close_connection = True
         self.connection.shutdown(2)
+
+    def _stall(self, status: int, headers: dict[str, str], part: bytes, length: int) -> None:
+        """Announce `length` bytes, send `part` of them, then go silent until released."""
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(length))
+        self.end_headers()
+        self.wfile.write(part)
+        self.wfile.flush()
+        self.owner.faults.released.wait()
+        self.close_connection = True
+
+
+class SilentHub:
+    """A hub that accepts TCP connections and never sends a byte (nor reads one).
+
+    The connections stay open until `stop()`, as behind a proxy that hangs.
+    """
+
+    def __init__(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._held: list[socket.socket] = []
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        host, port = self._listener.getsockname()[:2]
+        self.url = f"http://{host}:{port}"
+
+    @property
+    def connections(self) -> int:
+        """How many connections it accepted so far."""
+        return len(self._held)
+
+    def _accept(self) -> None:
+        self._listener.settimeout(0.1)
+        while not self._stopped.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:  # closed by stop()
+                return
+            self._held.append(conn)
+
+    def __enter__(self) -> SilentHub:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stopped.set()
+        self._thread.join(5)
+        self._listener.close()
+        for conn in self._held:
+            conn.close()
 
 
 # ---- repos the store tests serve --------------------------------------------------------------

@@ -8,8 +8,14 @@ import pytest
 from rich.console import Console
 
 from mlxlaunch.bench.chart import line_chart_svg, turn_ttft_svg
-from mlxlaunch.bench.machine import describe_blas
-from mlxlaunch.bench.report import LIMITS_ON_CPU, format_value, markdown_table, render_table
+from mlxlaunch.bench.report import (
+    LIMITS_ON_CPU,
+    QUICK_RUN,
+    caveats,
+    format_value,
+    markdown_table,
+    render_table,
+)
 from mlxlaunch.bench.summary import WORKLOADS, concurrency_figures, summary_rows, workload_of
 
 OURS, PEER = "mlxlaunch", "mlx_lm.server"
@@ -67,12 +73,6 @@ def _raw() -> tuple[dict, dict]:
         "decode_ceiling": [{"token_times_s": [0.01 * i for i in range(32)], "tokens_per_s": 99.0}],
     }
     return servers, limits
-
-
-def test_blas_is_named_from_the_preload_or_else_the_reference() -> None:
-    preload = {"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"}
-    assert describe_blas(preload, loaded="").startswith("openblas (preloaded: /usr/lib")
-    assert describe_blas({}, loaded="") in {"reference BLAS (mlx-cpu wheel)", "Accelerate (macOS)"}
 
 
 def test_summary_has_every_workload_with_both_servers_and_ratios() -> None:
@@ -180,3 +180,19 @@ def test_format_value() -> None:
     assert format_value(2.5, "s") == "2.50 s"
     assert format_value(1234.0, "tok/s") == "1234 tok/s"
     assert format_value(None, "s") == "—"
+
+
+def test_caveats_name_a_quick_run_and_every_row_the_peer_won() -> None:
+    servers, limits = _raw()
+    rows = summary_rows(servers, limits)
+    lost = [r for r in rows if r.values and (x := r.speedup(OURS, PEER)) is not None and x < 0.95]
+    notes = caveats(rows, OURS, PEER, quick=True)
+    assert notes[0] == QUICK_RUN
+    if lost:
+        assert all(f"{r.workload} {r.metric}" in notes[-1] for r in lost)
+    # Make ours lose the cold row: the caveat must say so.
+    cold = next(r for r in rows if r.metric == "cold TTFT")
+    cold.values[OURS] = 6.0
+    named = caveats(rows, OURS, PEER, quick=False)[-1]
+    assert named.startswith(f"{PEER} was faster") and "cold TTFT (0.50×)" in named
+    assert caveats(rows, OURS, None, quick=False) == []

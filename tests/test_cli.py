@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import pkgutil
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import typer
 
+import mlxlaunch.cli
 from mlxlaunch import __version__
 from mlxlaunch.cli.app import app
 from mlxlaunch.cli.completions import render_all
-from mlxlaunch.cli.main import main
+from mlxlaunch.cli.main import main, take_debug_flag
 from mlxlaunch.errors import ModelNotFound
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,3 +121,91 @@ def test_cli_start_does_not_import_mlx() -> None:
     code = "import sys, mlxlaunch.cli.main; print('mlx' in sys.modules, 'mlx_lm' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.stdout.split() == ["False", "False"], proc.stderr
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """`--debug` configures the root logger; put it back for the tests that follow."""
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    yield
+    root.setLevel(level)
+    root.handlers[:] = handlers
+
+
+def test_debug_after_the_command_shows_the_traceback(
+    restore_logging: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    @app.command("_crash-for-test", hidden=True)
+    def _crash() -> None:
+        raise RuntimeError("internal")
+
+    try:
+        assert main(["_crash-for-test"]) == 70
+        assert "run again with --debug" in capsys.readouterr().err
+        with pytest.raises(RuntimeError, match="internal"):
+            main(["_crash-for-test", "--debug"])
+    finally:
+        app.registered_commands = [
+            c for c in app.registered_commands if c.name != "_crash-for-test"
+        ]
+
+
+def test_debug_is_accepted_after_any_subcommand(restore_logging: None) -> None:
+    # Unknown options are refused even next to --help, so exit 0 means --debug parsed.
+    assert main(["serve", "--model", "demo", "--debug", "--help"]) == 0
+    assert main(["models", "list", "--debug", "--help"]) == 0
+    assert main(["launch", "claude", "--debug", "--help"]) == 0
+
+
+def test_debug_flag_moves_first_but_not_from_another_programs_words() -> None:
+    assert take_debug_flag(["serve", "--model", "demo", "--debug"]) == (
+        True,
+        ["--debug", "serve", "--model", "demo"],
+    )
+    claude_words = ["launch", "claude", "--", "-p", "hi", "--debug"]
+    assert take_debug_flag(claude_words) == (False, claude_words)
+
+
+def test_models_list_with_debug_runs_end_to_end(tmp_path: Path) -> None:
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "MLXLAUNCH_HOME": str(tmp_path)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlxlaunch", "models", "list", "--json", "--debug"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == []
+
+
+def test_commands_are_registered_only_in_main() -> None:
+    """Importing a command module registers nothing; cli/main.py's table does it all."""
+    modules = sorted(
+        m.name
+        for m in pkgutil.iter_modules(mlxlaunch.cli.__path__)
+        if m.name != "main"
+    )
+    code = (
+        "import importlib, mlxlaunch.cli.app as a\n"
+        f"for m in {modules!r}: importlib.import_module('mlxlaunch.cli.' + m)\n"
+        "print(len(a.app.registered_commands), len(a.app.registered_groups))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.stdout.split() == ["0", "0"], proc.stderr
+
+
+def test_ctrl_c_while_the_cli_loads_ends_quietly() -> None:
+    # Importing the CLI takes over a second here, so a signal 0.3 s after start lands in it;
+    # an interrupt then is exit 130 with no traceback, like one later on.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlxlaunch", "--version"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err, err
+    assert proc.returncode in (130, 0), err  # 0: it had finished before the signal came

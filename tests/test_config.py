@@ -51,7 +51,7 @@ def test_unset_removes_only_that_key(env: dict[str, str]) -> None:
 @pytest.mark.parametrize(
     ("key", "value"),
     [
-        ("port", "0"),
+        ("port", "-1"),
         ("port", "70000"),
         ("port", "x"),
         ("context-length", "-5"),

@@ -13,6 +13,7 @@ from mlxlaunch.cli.doctor import checks_table
 from mlxlaunch.launch.doctor import Check, DoctorFacts, ModelFact, gather_facts, run_checks, worst
 from mlxlaunch.launch.state import RunState
 from mlxlaunch.store.catalog import recommend
+from mlxlaunch.store.compute import Compute
 from mlxlaunch.store.memory import GIB
 
 HEALTHY = DoctorFacts(
@@ -51,8 +52,8 @@ def test_no_claude_fails_with_the_install_command() -> None:
     checks = run_checks(replace(HEALTHY, claude_path=None, claude_version=None))
     claude = _by_name(checks)["claude"]
     assert claude.status == "fail" and worst(checks) == "fail"
-    assert claude.fix is not None and "npm install -g @anthropic-ai/claude-code" in claude.fix
-    assert "npm install -g @anthropic-ai/claude-code" in _render(checks)
+    assert claude.fix is not None and "mlx launch claude --install-claude" in claude.fix
+    assert "@anthropic-ai/claude-code@2.1.332" in " ".join(_render(checks).split())
 
 
 def test_low_memory_warns_and_big_models_do_not_fit() -> None:
@@ -138,3 +139,21 @@ def test_gather_facts_reads_this_machine(monkeypatch: pytest.MonkeyPatch, tmp_pa
     assert facts.total_memory > 0 and facts.free_disk > 0
     assert facts.claude_path is None
     assert os.path.isabs(facts.models_dir)
+
+
+def test_a_cpu_only_machine_is_recommended_a_model_it_can_run() -> None:
+    # The machine of the report: Linux, 2 cores, 24 GiB, MLX on its CPU backend. Memory alone
+    # would pick an 8.3 GB model; two cores would take minutes per reply with it.
+    cpu = replace(
+        HEALTHY, system="Linux", machine="x86_64", device="cpu", total_memory=24 * GIB, models=()
+    )
+    two_cores = _by_name(run_checks(replace(cpu, cpu_count=2)))
+    small = recommend(24 * GIB, compute=Compute("cpu", 2))
+    by_memory = recommend(24 * GIB)
+    assert small is not None and by_memory is not None and small != by_memory
+    assert f"recommended model: {small.alias}" in two_cores["memory"].detail
+    assert "CPU only (2 cores)" in two_cores["memory"].detail
+    assert two_cores["models"].fix == f"mlx models pull {small.alias}"
+    # The same memory behind a GPU gets the model memory allows.
+    gpu = _by_name(run_checks(replace(cpu, device="gpu", cpu_count=2)))
+    assert f"recommended model: {by_memory.alias}" in gpu["memory"].detail

@@ -140,7 +140,11 @@ def _complete(target: Target, n: int) -> None:
 
 def _stream_until(target: Target, n: int, cut_after: int) -> int:
     """Stream a long answer and hang up after `cut_after` bytes (0: right after sending)."""
-    head, payload = _raw_request(target, _body(n, max_tokens=400, stream=True))
+    # The answer must outlast the cut: a random model that ends its turn early would leave the
+    # kept-alive connection open and this loop waiting for bytes that never come.
+    body = _body(n, max_tokens=400, stream=True)
+    body["messages"][0]["content"] += NEVER_STOP
+    head, payload = _raw_request(target, body)
     with socket.create_connection(("127.0.0.1", target.server.port), timeout=30) as sock:
         sock.sendall(head + payload)
         received = 0

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from deadlines import PROCESS_EXIT_S
 from e2e.claude_cli import write_fake_claude
 
 from mlxlaunch.launch.child import exit_code_of, run_child
@@ -81,7 +82,7 @@ def test_signals_sent_to_the_launcher_reach_the_child(
         _wait_ready(report)
         os.kill(launcher.pid, sig)
         # The launcher survives the signal and exits with the child's code.
-        assert launcher.wait(timeout=20) == 40 + sig
+        assert launcher.wait(timeout=PROCESS_EXIT_S) == 40 + sig
         assert _report(report)["signals"][:1] == [sig]
     finally:
         if launcher.poll() is None:
@@ -130,7 +131,7 @@ def test_terminal_signals_reach_the_child_exactly_once(fake: tuple[Path, Path], 
         else:
             fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 132, 0, 0))
             expected = signal.SIGWINCH
-        assert launcher.wait(timeout=20) == 40 + expected
+        assert launcher.wait(timeout=PROCESS_EXIT_S) == 40 + expected
         assert _report(report)["signals"] == [expected]
     finally:
         os.close(master)

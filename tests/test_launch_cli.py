@@ -19,6 +19,11 @@ from urllib.parse import urlparse
 
 import pytest
 from e2e.claude_cli import write_fake_claude
+from test_claude_install import _fake_npm, _npm_args
+
+from mlxlaunch.launch.claude_bin import CLAUDE_CODE_VERSION, npm_install_command
+from mlxlaunch.store.catalog import recommend
+from mlxlaunch.store.memory import format_bytes
 
 # The console script's own entry point, run by this interpreter.
 MLX = [sys.executable, "-c", "from mlxlaunch.cli.main import entry; entry()"]
@@ -236,8 +241,10 @@ def test_missing_claude_says_how_to_install(world: dict[str, Path], tiny_model_d
     env = _env(world, PATH=str(world["bin"].parent / "empty"))
     done = _mlx(["launch", "claude", "--model", str(tiny_model_dir)], env)
     assert done.returncode == 6
-    assert "`claude` was not found on PATH" in done.stderr
-    assert "npm install -g @anthropic-ai/claude-code" in done.stderr
+    said = "".join(done.stderr.split())  # rich wraps long lines, even inside a path
+    pinned = world["home"] / "claude-code" / CLAUDE_CODE_VERSION
+    assert f"`claude`wasnotfoundonPATHnorat{pinned}" in said
+    assert "mlxlaunchclaude--install-claude" in said and "npminstall-g" not in said
     assert not (world["home"] / "logs").exists()  # failed before anything started
 
 
@@ -258,11 +265,11 @@ def test_default_model_setting_is_used(world: dict[str, Path], tiny_model_dir: P
     assert _mlx(["config", "set", "default-model", str(tiny_model_dir)], env).returncode == 0
     got = _mlx(["config", "get", "default-model"], env)
     assert got.stdout.strip() == str(tiny_model_dir)
-    done = _mlx(["launch", "claude", "--context-length", "8192", "--", "exit", "0"], env)
+    done = _mlx(["launch", "claude", "--context-length", "16384", "--", "exit", "0"], env)
     assert done.returncode == 0, done.stderr
     child = _report(world)["env"]
     assert child["ANTHROPIC_MODEL"] == tiny_model_dir.name
-    assert child["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "8192"
+    assert child["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "16384"
 
 
 def test_print_env_without_a_server_or_with_url_and_token(world: dict[str, Path]) -> None:
@@ -311,16 +318,18 @@ def test_test_models_get_a_short_output_budget(world: dict[str, Path]) -> None:
     assert _report(world)["env"]["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "2000"
 
 
-def _mlx_on_a_terminal(args: list[str], env: dict[str, str], answer: str) -> tuple[int, str]:
-    """Run mlx with a pseudo-terminal as stdin (so it may ask), type `answer`, return the exit
-    code and what it printed to stderr."""
+def _mlx_on_a_terminal(
+    args: list[str], env: dict[str, str], answer: str, *, stdout_too: bool = True
+) -> tuple[int, str]:
+    """Run mlx with a pseudo-terminal as stdin (so it may ask) and stdout (unless not
+    `stdout_too`: then a pipe), type `answer`, return the exit code and its stderr."""
     controller, terminal = os.openpty()
     try:
         process = subprocess.Popen(
             [*MLX, *args],
             env=env,
             stdin=terminal,
-            stdout=subprocess.DEVNULL,
+            stdout=terminal if stdout_too else subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
@@ -338,12 +347,53 @@ def test_on_a_terminal_it_offers_to_pull_the_recommended_model(world: dict[str, 
         PATH=f"{world['bin']}{os.pathsep}{os.environ['PATH']}",
         HF_ENDPOINT="http://127.0.0.1:9",  # a hub that is not there
     )
-    # "n": nothing is pulled, and the error says how to get a model.
-    code, stderr = _mlx_on_a_terminal(["launch", "claude"], env, "n\n")
-    assert "No model is downloaded. Pull the recommended" in stderr
-    assert code == 3, stderr
-    assert "mlx models pull " in stderr and "cannot reach the hub" not in stderr
-    # "y" (or just Enter: yes is the default): it goes on to pull, here from the missing hub.
-    code, stderr = _mlx_on_a_terminal(["launch", "claude"], env, "\n")
+    # "n", or just Enter (no is the default): nothing is pulled, and the error says how to
+    # get a model. The question names the download size.
+    entry = recommend()
+    assert entry is not None
+    for answer in ("n\n", "\n"):
+        code, stderr = _mlx_on_a_terminal(["launch", "claude"], env, answer)
+        said = " ".join(stderr.split())
+        assert "No model is downloaded. Pull the recommended" in said
+        assert f"{format_bytes(entry.size_bytes)} download" in said
+        assert code == 3, stderr
+        assert "mlx models pull " in stderr and "cannot reach the hub" not in stderr
+    # "y": it goes on to pull, here from the missing hub.
+    code, stderr = _mlx_on_a_terminal(["launch", "claude"], env, "y\n")
     assert code == 5, stderr
     assert "cannot reach the hub at http://127.0.0.1:9" in stderr
+
+
+def test_piped_output_is_refused_before_anything_starts(world: dict[str, Path]) -> None:
+    """`make run | tee log`: claude would go non-interactive with no prompt and quit."""
+    env = _env(world, PATH=str(world["bin"].parent / "empty"))  # no claude: checked first
+    code, stderr = _mlx_on_a_terminal(
+        ["launch", "claude", "--model", "tiny"], env, "", stdout_too=False
+    )
+    said = " ".join(stderr.split())
+    assert code == 2, stderr
+    assert "is not a terminal" in said and '-- -p "your prompt"' in said
+    assert not (world["home"] / "logs").exists() and not (world["home"] / "run").exists()
+
+
+def test_on_a_terminal_it_offers_to_install_claude_code(
+    world: dict[str, Path], tiny_model_dir: Path
+) -> None:
+    npm_dir = world["bin"].parent / "npm-bin"
+    _fake_npm(npm_dir)  # installs a `claude` that prints its version and exits 0
+    env = _env(world, PATH=str(npm_dir))
+    args = ["launch", "claude", "--model", str(tiny_model_dir)]
+    prefix = world["home"] / "claude-code" / CLAUDE_CODE_VERSION
+    code, stderr = _mlx_on_a_terminal(args, env, "n\n")
+    said = "".join(stderr.split())
+    assert code == 6, stderr
+    assert f"Install@anthropic-ai/claude-code@{CLAUDE_CODE_VERSION}into{prefix}?" in said
+    assert "--install-claude" in said and _npm_args(npm_dir) is None
+    code, stderr = _mlx_on_a_terminal(args, env, "y\n")
+    assert code == 0, stderr
+    assert _npm_args(npm_dir) == npm_install_command(prefix)[1:]
+    # Later launches find it without asking, with or without a terminal.
+    (npm_dir / "npm-args.json").unlink()
+    done = _mlx(args, env)
+    assert done.returncode == 0, done.stderr
+    assert _npm_args(npm_dir) is None

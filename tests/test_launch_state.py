@@ -96,13 +96,31 @@ def test_the_store_reads_what_launch_writes_without_the_token(tmp_path: Path) ->
     model_dir = tmp_path / "model"
     model_dir.mkdir()
     written = dataclasses.replace(_state(os.getpid()), model_path=str(model_dir))
-    path = state.write_state(written, tmp_path)
-    [server] = running_servers(tmp_path / "run")
+    state.write_state(written, tmp_path)
+    [server] = running_servers(tmp_path)
     assert (server.pid, server.url, server.model) == (written.pid, written.url, written.model)
-    assert server.model_path == model_dir and server.record == path
+    assert server.model_path == model_dir
     assert "token" not in vars(server)
-    assert servers_using(tmp_path, tmp_path / "run") == [server]  # inside the removed folder
-    assert servers_using(tmp_path / "other", tmp_path / "run") == []
+    assert servers_using(tmp_path, tmp_path) == [server]  # inside the removed folder
+    assert servers_using(tmp_path / "other", tmp_path) == []
+
+
+def test_launch_and_the_store_agree_on_what_runs(tmp_path: Path) -> None:
+    """One answer to "what is running": a record only a partial reader accepts still counts
+    for the store (it must not delete that model), is skipped by strict readers, and a stale
+    record is gone for both."""
+    from mlxlaunch.store.running import running_servers
+
+    state.write_state(_state(os.getpid(), started_at=2.0), tmp_path)
+    older = tmp_path / "run" / f"{os.getppid()}.json"
+    older.write_text(json.dumps({"pid": os.getppid(), "started_at": 1.0}))
+    state.write_state(_state(_dead_pid()), tmp_path)
+    assert [s.pid for s in running_servers(tmp_path)] == [os.getpid(), os.getppid()]
+    assert [s.pid for s in state.running_servers(tmp_path, prune=False)] == [os.getpid()]
+    assert [s.pid for s in state.running_servers(tmp_path, prune=False, partial=True)] == [
+        os.getpid(),
+        os.getppid(),
+    ]
 
 
 def test_partial_reading_needs_only_the_pid() -> None:

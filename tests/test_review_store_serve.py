@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from deadlines import PROCESS_EXIT_S, PROCESS_START_S
 from fakehub import TINY_REPO, FakeHub, serve_test_repos
 from test_serve_cli import _read_announcement, _start_serve
 
@@ -37,7 +38,7 @@ def test_a_pulled_repo_is_served_by_its_id_without_asking_the_hub(hub: FakeHub) 
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "MLX_AUTH_TOKEN": "review-token-0123456789"}
     proc = _start_serve(TINY_REPO, env)
     try:
-        url, token, _ = _read_announcement(proc, time.monotonic() + 60)
+        url, token, _ = _read_announcement(proc, time.monotonic() + PROCESS_START_S)
         assert token == "review-token-0123456789"
         body = {
             "model": "claude-x",
@@ -50,7 +51,7 @@ def test_a_pulled_repo_is_served_by_its_id_without_asking_the_hub(hub: FakeHub) 
         models = httpx.get(url + "/v1/models", headers={"x-api-key": token}).json()
         assert [m["id"] for m in models["data"]] == [TINY_REPO]  # the name it was served by
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=20)
+        _, err = proc.communicate(timeout=PROCESS_EXIT_S)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from deadlines import PROCESS_EXIT_S, PROCESS_START_S
 
 from mlxlaunch.launch.state import running_servers
 from mlxlaunch.testing import DEMO_NOTICE
@@ -53,7 +54,7 @@ def test_serve_demo_answers_and_stops(tmp_path: Path, stop_signal: signal.Signal
     env.pop("MLX_AUTH_TOKEN", None)
     proc = _start_serve("demo", env)
     try:
-        url, token, announcement = _read_announcement(proc, time.monotonic() + 60)
+        url, token, announcement = _read_announcement(proc, time.monotonic() + PROCESS_START_S)
         assert len(token) >= 32  # generated, not a fixed default
         assert any(s.url == url and s.kind == "serve" for s in running_servers())
         body = {
@@ -68,7 +69,7 @@ def test_serve_demo_answers_and_stops(tmp_path: Path, stop_signal: signal.Signal
         assert response.json()["model"] == "claude-x"
         assert httpx.post(url + "/v1/messages", json=body, timeout=10).status_code == 401
         proc.send_signal(stop_signal)
-        _, err = proc.communicate(timeout=20)
+        _, err = proc.communicate(timeout=PROCESS_EXIT_S)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -8,6 +8,7 @@ import pytest
 
 from mlxlaunch.store import CATALOG, alias_for_repo, catalog_entry, recommend
 from mlxlaunch.store.catalog import CatalogEntry
+from mlxlaunch.store.compute import Compute, active_share, this_machine
 from mlxlaunch.store.memory import GIB, memory_fit, memory_needed
 
 REPO_SHAPE = re.compile(r"^mlx-community/[A-Za-z0-9][A-Za-z0-9._-]+$")
@@ -63,3 +64,42 @@ def test_memory_estimate_grows_with_weights() -> None:
     assert memory_needed(10 * GIB) > 10 * GIB
     assert not memory_fit(100 * GIB, 64 * GIB).fits
     assert memory_fit(100 * GIB, 0).fits  # unknown machine: do not block
+
+
+def test_mixtures_of_experts_read_their_active_share() -> None:
+    assert active_share("30B-A3B") == pytest.approx(0.1)
+    assert active_share("7B") == 1.0
+    coder = catalog_entry("qwen3-coder-30b")
+    assert coder is not None and coder.active_bytes == int(coder.size_bytes * 0.1)
+
+
+def test_a_cpu_only_machine_gets_a_model_it_can_run() -> None:
+    # The machine of the report: 2 cores, 24 GiB, no GPU. Memory alone picks an 8.3 GB model;
+    # generating with it on two cores would take minutes per reply.
+    two_cores = Compute("cpu", 2)
+    by_memory = recommend(24 * GIB)
+    assert by_memory is not None and by_memory.size_bytes > 8 * 1000**3
+    pick = recommend(24 * GIB, compute=two_cores)
+    assert pick == catalog_entry("qwen-coder-1.5b")
+    assert pick is not None and pick.active_bytes <= (two_cores.active_bytes_budget or 0)
+    # More cores, bigger models; a GPU is judged by memory alone.
+    assert recommend(64 * GIB, compute=Compute("cpu", 16)) == catalog_entry("qwen3-coder-30b-8bit")
+    assert recommend(24 * GIB, compute=Compute("metal", 8)) == by_memory
+    assert recommend(24 * GIB, compute=Compute("cuda", 8)) == by_memory
+
+
+def test_when_nothing_suits_the_fastest_model_that_fits_is_picked() -> None:
+    one_core = Compute("cpu", 1)  # a 0.5 GB budget: no catalog model is that small
+    assert recommend(8 * GIB, compute=one_core) == catalog_entry("qwen-coder-1.5b")
+    assert recommend(1 * GIB, compute=one_core) is None  # nothing fits in memory at all
+
+
+def test_this_machine_names_a_backend() -> None:
+    here = this_machine()
+    assert here.backend in ("metal", "cuda", "cpu") and here.cores >= 1
+    assert Compute("cpu", 2).describe() == "CPU only (2 cores)"
+
+
+def test_this_machines_recommendation_weighs_its_compute() -> None:
+    here = this_machine()
+    assert recommend() == recommend(memory_fit(0).total, compute=here)

@@ -13,6 +13,8 @@ import tempfile
 from pathlib import Path
 from typing import IO
 
+from mlxlaunch.blas import preload_environment
+
 
 class ChildServer:
     """A child process with its output in a temporary log. Subclasses give `command()` and
@@ -39,7 +41,8 @@ class ChildServer:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            # The peer imports mlx without our loader: LD_PRELOAD gives it the same BLAS.
+            env={**os.environ, **preload_environment(), "PYTHONUNBUFFERED": "1"},
         )
 
     def log_text(self) -> str:

@@ -111,6 +111,29 @@ LIMITS_ON_CPU = (
 )
 
 
+# Said under a quick run's table: its figures are not the ones the README quotes.
+QUICK_RUN = (
+    "quick run: a short prompt and few turns, where fixed per-request costs (HTTP, rendering, "
+    "scheduling) outweigh the prefill the prefix cache saves; compare full runs "
+    "(`mlx bench --model medium`) before drawing conclusions."
+)
+
+
+def caveats(rows: list[SummaryRow], ours: str, peer: str | None, *, quick: bool) -> list[str]:
+    """What a reader must know before trusting the table: a quick run, and each row where the
+    peer did better in this run (said, not hidden)."""
+    notes = [QUICK_RUN] if quick else []
+    if peer:
+        slower = [
+            f"{row.workload} {row.metric} ({ratio:.2f}×)"
+            for row in rows
+            if row.values and (ratio := row.speedup(ours, peer)) is not None and ratio < 0.95
+        ]
+        if slower:
+            notes.append(f"{peer} was faster in this run on: " + "; ".join(slower))
+    return notes
+
+
 def _plain(value: float | None, unit: str) -> str:
     return format_value(value, unit).replace("—", "–")
 

@@ -1,7 +1,11 @@
-"""The root Typer app of the `mlx` command.
+"""The root Typer app of the `mlx` command, with no commands on it.
 
-Command-group modules import `app` from here and register on it; `mlxlaunch.cli.main` imports
-every group module, so the app is complete once `main` is imported.
+`mlxlaunch.cli.main` registers every command and group on `app`, in one table; no module
+registers itself when imported.
+
+Help is click's plain layout (`rich_markup_mode=None`): rich's option table shares its width
+among six columns and truncates long option names at 80 columns (`--concurrency-p…`), while
+click's layout wraps only the help text, so every option name and example shows whole.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ app = typer.Typer(
     ),
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    rich_markup_mode="rich",
+    rich_markup_mode=None,
+    # Completion comes from `mlx completions` (static scripts), not typer's call-back scripts.
+    add_completion=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
@@ -43,7 +49,12 @@ def root(
         typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
     ] = False,
     debug: Annotated[
-        bool, typer.Option("--debug", help="Show tracebacks and debug logs.", envvar="MLX_DEBUG")
+        bool,
+        typer.Option(
+            "--debug",
+            help="Show tracebacks and debug logs (also accepted after the command).",
+            envvar="MLX_DEBUG",
+        ),
     ] = False,
 ) -> None:
     """mlxlaunch: local models for Claude Code, through MLX."""

@@ -20,8 +20,8 @@ from rich.progress import (
 
 from mlxlaunch.bench.chart import turn_ttft_svg
 from mlxlaunch.bench.config import BenchConfig
-from mlxlaunch.bench.report import markdown_table, render_table, write_json
-from mlxlaunch.cli.app import app
+from mlxlaunch.bench.report import caveats, markdown_table, render_table, write_json
+from mlxlaunch.cli.options import model_option
 from mlxlaunch.errors import ConfigError
 from mlxlaunch.launch.models import resolve_name
 
@@ -55,15 +55,9 @@ def _levels(text: str) -> tuple[int, ...]:
     return levels
 
 
-@app.command("bench")
 def bench(
     model: Annotated[
-        str,
-        typer.Option(
-            "--model",
-            "-m",
-            help="Model: alias, org/repo, path, or a test model (tiny, small, medium, large).",
-        ),
+        str, model_option("Alias, org/repo, path, or a test model (tiny, small, medium, large).")
     ],
     quick: Annotated[
         bool,
@@ -169,6 +163,8 @@ def bench(
         f"{machine['blas']} · {machine['cpu_count']} CPUs" + (" · quick" if quick else "")
     )
     console.print(render_table(outcome.rows, outcome.ours, outcome.peer, title))
+    for caveat in caveats(outcome.rows, outcome.ours, outcome.peer, quick=quick):
+        console.print(f"[yellow]note:[/] {caveat}", highlight=False)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     json_path = write_json(report, out / f"bench-{stamp}.json")
     chart_path = out / f"bench-{stamp}-ttft.svg"

@@ -1,14 +1,19 @@
-"""`mlx config set/get/unset/show`: the user's settings (default model and launch defaults)."""
+"""`mlx config set/get/unset/show`: the user's settings (default model and launch defaults).
+
+Values are checked by `mlxlaunch.config` when set and when read, so a bad one is refused here
+with its reason instead of failing a later launch.
+"""
 
 from __future__ import annotations
 
+import json
 from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from mlxlaunch.cli.app import app
+from mlxlaunch.cli.options import JsonOption
 from mlxlaunch.config import KEYS, config_path, load_config, set_value, unset_value
 
 config_app = typer.Typer(
@@ -21,38 +26,79 @@ config_app = typer.Typer(
     ),
     no_args_is_help=True,
 )
-app.add_typer(config_app)
 
 KeyArg = Annotated[str, typer.Argument(help=f"One of: {', '.join(KEYS)}.", show_default=False)]
 
+_SETTINGS = "\n\n".join(f"  {spec.name}: {spec.help}" for spec in KEYS.values())
+SET_HELP = f"""Set one setting; the value is checked now, with the reason when it is refused.
 
-@config_app.command("set")
+Settings:
+
+{_SETTINGS}
+
+Examples:
+
+  mlx config set default-model qwen-coder-7b
+
+  mlx config set context-length 32768
+
+  mlx config set keep-alive 30m
+"""
+
+GET_HELP = """Print one setting (nothing, exit 1, when it is unset).
+
+Examples:
+
+  mlx config get default-model
+
+  mlx launch claude --model "$(mlx config get default-model)"
+"""
+
+UNSET_HELP = """Remove one setting, so its default applies again.
+
+Examples:
+
+  mlx config unset keep-alive
+"""
+
+SHOW_HELP = """Show every setting, its value and what it does.
+
+Examples:
+
+  mlx config show
+
+  mlx config show --json
+"""
+
+
+@config_app.command("set", help=SET_HELP)
 def config_set(key: KeyArg, value: Annotated[str, typer.Argument(show_default=False)]) -> None:
-    """Set one setting."""
     stored = set_value(key, value)
     typer.echo(f"{key} = {stored}  ({config_path()})")
 
 
-@config_app.command("get")
+@config_app.command("get", help=GET_HELP)
 def config_get(key: KeyArg) -> None:
-    """Print one setting (nothing, exit 1, when it is unset)."""
     value = load_config().get(key)
     if value is None:
         raise typer.Exit(1)
     typer.echo(str(value))
 
 
-@config_app.command("unset")
+@config_app.command("unset", help=UNSET_HELP)
 def config_unset(key: KeyArg) -> None:
-    """Remove one setting."""
     removed = unset_value(key)
     typer.echo(f"{key} {'removed' if removed else 'was not set'}")
 
 
-@config_app.command("show")
-def config_show() -> None:
-    """Show every setting, its value and what it does."""
+@config_app.command("show", help=SHOW_HELP)
+def config_show(as_json: JsonOption = False) -> None:
     loaded = load_config()
+    if as_json:
+        # Every known key, null when unset, so scripts need not know which are.
+        settings = {key: loaded.get(key) for key in KEYS}
+        typer.echo(json.dumps({"path": str(config_path()), "settings": settings}, indent=2))
+        return
     table = Table(title=str(config_path()), title_justify="left")
     table.add_column("setting")
     table.add_column("value")

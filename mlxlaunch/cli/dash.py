@@ -11,7 +11,6 @@ from typing import Annotated
 
 import typer
 
-from mlxlaunch.cli.app import app
 from mlxlaunch.dash.app import RETRY_S, DashApp, Locate
 from mlxlaunch.dash.feed import ServerAddress
 from mlxlaunch.launch.state import running_servers
@@ -52,7 +51,6 @@ def server_locator(url: str | None, token: str | None, home: Path | None = None)
     return locate
 
 
-@app.command("dash", help=DASH_HELP)
 def dash(
     url: Annotated[
         str | None,

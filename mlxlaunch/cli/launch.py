@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from mlxlaunch.cli.app import app
 from mlxlaunch.cli.cache_options import (
     DEFAULT_CACHE_DISK,
     CacheDirOption,
     CacheDiskOption,
     CacheMemoryOption,
 )
+from mlxlaunch.cli.options import model_option
 from mlxlaunch.cli.scheduler_options import (
     DEFAULT_IDLE_CLEAR,
     DEFAULT_MEMORY_FRACTION,
@@ -26,34 +27,49 @@ from mlxlaunch.cli.scheduler_options import (
     MemoryFractionOption,
 )
 from mlxlaunch.errors import ConfigError
+from mlxlaunch.launch.claude_bin import CLAUDE_CODE_VERSION, INSTALL_FLAG
 from mlxlaunch.launch.claude_env import export_lines, launch_variables, parse_env_pairs
+from mlxlaunch.launch.claude_install import find_or_install
+from mlxlaunch.launch.node import NODE_FIX, node_facts, node_problem, runs_under_node
+from mlxlaunch.launch.terminal_check import check_claude_can_start
 from mlxlaunch.store.catalog import recommend
+from mlxlaunch.store.compute import this_machine
+from mlxlaunch.store.memory import format_bytes
 
 # The session and --print-env need the engine (mlx, mlx-lm): imported inside the command, so
 # `mlx --help` and the other commands do not pay for them.
 
 launch_app = typer.Typer(
     name="launch",
-    help="Start a client (Claude Code) against a local model served by this process.",
+    help=(
+        "Start a client (Claude Code) against a local model served by this process.\n\n"
+        "Examples:\n\n"
+        "  mlx launch claude --model qwen-coder-7b\n\n"
+        '  mlx launch claude --model demo -- -p "say hello"'
+    ),
     no_args_is_help=True,
 )
-app.add_typer(launch_app)
 
 _console = Console(stderr=True)
 
-CLAUDE_HELP = """Run Claude Code against a local model.
+CLAUDE_HELP = f"""Run Claude Code against a local model.
 
 Starts the model server on 127.0.0.1 (a free port, a fresh token), then `claude` with the \
 environment that points it there. Everything after `--` goes to claude unchanged. The server \
 stops when claude exits, and `mlx launch` exits with claude's exit code.
 
+The claude it runs: --claude-bin, else `claude` on PATH, else the Claude Code \
+{CLAUDE_CODE_VERSION} that --install-claude installs with npm (asked first on a terminal).
+
 Examples:
 
   mlx launch claude --model qwen-coder-7b
 
+  mlx launch claude --install-claude --model demo
+
   mlx launch claude -- -p "explain this repo" --allowedTools Bash
 
-  eval "$(mlx launch claude --print-env)"   # use a running `mlx serve` from this shell
+  eval "$(mlx launch claude --print-env)"  # for a running mlx serve
 """
 
 
@@ -62,8 +78,12 @@ def _offer_pull(console: Console, yes: bool) -> bool:
     entry = recommend()
     if entry is None or not (yes or sys.stdin.isatty()):
         return False
-    question = f"No model is downloaded. Pull the recommended {entry.alias} ({entry.repo_id})?"
-    if not yes and not typer.confirm(question, default=True, err=True):
+    question = (
+        f"No model is downloaded. Pull the recommended {entry.alias} ({entry.repo_id}, "
+        f"{format_bytes(entry.size_bytes)} download, suits {this_machine().describe()})?"
+    )
+    # No by default: a stray Enter must not start a download of gigabytes.
+    if not yes and not typer.confirm(question, default=False, err=True):
         return False
     from mlxlaunch.store.progress import RichPullProgress
     from mlxlaunch.store.pull import plan_pull, pull
@@ -100,10 +120,7 @@ def claude(
         list[str] | None,
         typer.Argument(help="Arguments for claude, after `--`.", show_default=False),
     ] = None,
-    model: Annotated[
-        str | None,
-        typer.Option("--model", "-m", help="Alias, repo id, local path, or `demo`."),
-    ] = None,
+    model: Annotated[str | None, model_option("Alias, repo id, local path, or `demo`.")] = None,
     small_model: Annotated[
         str | None, typer.Option(help="Model id for Claude Code's haiku tier (background work).")
     ] = None,
@@ -125,8 +142,17 @@ def claude(
         bool, typer.Option("--preload", help="Load the model before claude starts.")
     ] = False,
     claude_bin: Annotated[
-        str | None, typer.Option(help="The claude executable (default: `claude` on PATH).")
+        str | None,
+        typer.Option(help="The claude to run (default: `claude` on PATH, else the pinned one)."),
     ] = None,
+    install_claude: Annotated[
+        bool,
+        typer.Option(
+            INSTALL_FLAG,
+            help=f"If no claude is found, install Claude Code {CLAUDE_CODE_VERSION} (npm) "
+            "without asking.",
+        ),
+    ] = False,
     env: Annotated[
         list[str] | None,
         typer.Option("--env", "-e", help="Extra KEY=VALUE for claude's environment (repeat)."),
@@ -149,6 +175,11 @@ def claude(
     if print_env:
         _print_env(url, token, model, small_model, context_length, max_output_tokens, extra)
         return
+    # Everything that can fail without the model fails before it loads.
+    check_claude_can_start(
+        claude_args or [], stdin_tty=sys.stdin.isatty(), stdout_tty=sys.stdout.isatty()
+    )
+    found = _claude_to_run(claude_bin, install_claude)
     from mlxlaunch.launch.session import LaunchOptions, launch_claude
 
     options = LaunchOptions(
@@ -165,13 +196,34 @@ def claude(
         cache_disk=cache_disk,
         max_output_tokens=max_output_tokens,
         preload=preload,
-        claude_bin=claude_bin,
+        claude_bin=str(found),
         claude_args=claude_args or [],
         extra_env=extra,
         verbose=verbose,
     )
     code = launch_claude(options, console=_console, offer_pull=lambda: _offer_pull(_console, yes))
     _exit_now(code)
+
+
+def _say(message: str) -> None:
+    _console.print(message, markup=False, highlight=False)
+
+
+def _ask(question: str) -> bool:
+    return typer.confirm(question, default=True, err=True)
+
+
+def _claude_to_run(claude_bin: str | None, install: bool) -> Path:
+    """The claude to start; on a terminal, asks before installing the pinned one."""
+    found = find_or_install(
+        claude_bin, install=install, confirm=_ask if sys.stdin.isatty() else None, say=_say
+    )
+    # The pinned release is a native binary; a claude that is a node script needs node 22+.
+    if runs_under_node(found):
+        problem = node_problem(node_facts())
+        if problem is not None:
+            _say(f"warning: {problem}; {NODE_FIX}")
+    return found
 
 
 def _exit_now(code: int) -> None:

@@ -1,7 +1,7 @@
-"""The `mlx` command: one Typer root app, one module per command group.
+"""The `mlx` command: one Typer root app, and the table of every command registered on it.
 
 Typed errors (mlxlaunch.errors.MlxLaunchError) are turned into one-line messages and distinct
-exit codes here, at the edge; `--debug` shows the traceback instead.
+exit codes here, at the edge; `--debug` (before or after the command) shows the traceback.
 """
 
 from __future__ import annotations
@@ -13,30 +13,53 @@ import sys
 import typer
 from rich.console import Console
 
-# Command groups: each module registers its commands on the shared root `app` (cli/app.py)
-# when imported. Add one import per group here (sub-apps: `app.add_typer(...)` below).
-from mlxlaunch.cli import bench as _bench  # noqa: F401
-from mlxlaunch.cli import completions as _completions  # noqa: F401
-from mlxlaunch.cli import config as _config  # noqa: F401
-from mlxlaunch.cli import dash as _dash  # noqa: F401
-from mlxlaunch.cli import doctor as _doctor  # noqa: F401
-from mlxlaunch.cli import launch as _launch  # noqa: F401
-from mlxlaunch.cli import models
-from mlxlaunch.cli import serve as _serve  # noqa: F401
+from mlxlaunch.blas import use_optimised_blas
+from mlxlaunch.cli import bench, completions, config, dash, doctor, launch, models, ps, serve
 from mlxlaunch.cli.app import app
 from mlxlaunch.errors import MlxLaunchError
 
-app.add_typer(models.app, name="models")
+# Every command and group of `mlx`, registered here and nowhere else (as huggingface_hub's
+# `hf.py` does); `mlx --help` lists the commands in this order, then the groups. A new command
+# adds one line. `short_help` is its line in that list, short enough to show whole at 80 columns.
+app.add_typer(launch.launch_app, name="launch", short_help="Start Claude Code on a local model.")
+app.command("serve", help=serve.SERVE_HELP, short_help="Serve a model (Anthropic Messages API).")(
+    serve.serve
+)
+app.command("ps", help=ps.PS_HELP, short_help="List the mlx servers running here.")(ps.ps)
+app.command("stop", help=ps.STOP_HELP, short_help="Stop a running mlx server.")(ps.stop)
+app.add_typer(models.models_app, name="models")
+app.command("doctor", short_help="Check this machine and suggest fixes.")(doctor.doctor)
+app.command("dash", help=dash.DASH_HELP, short_help="Watch a running server live.")(dash.dash)
+app.command("bench", short_help="Measure time to first token and decode speed.")(bench.bench)
+app.add_typer(config.config_app, name="config")
+app.command("completions", short_help="Print shell completion scripts.")(completions.completions)
+
+DEBUG_FLAG = "--debug"
 
 _err = Console(stderr=True)
 
 
+def take_debug_flag(args: list[str]) -> tuple[bool, list[str]]:
+    """Whether `--debug` is among `args` before any `--`, and `args` with it moved first.
+
+    `--debug` is an option of the root command; moving it lets `mlx serve --model demo --debug`
+    mean `mlx --debug serve --model demo`. After `--` the words belong to another program.
+    """
+    end = args.index("--") if "--" in args else len(args)
+    found = DEBUG_FLAG in args[:end]
+    if not found:
+        return False, list(args)
+    rest = [a for a in args[:end] if a != DEBUG_FLAG] + args[end:]
+    return True, [DEBUG_FLAG, *rest]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point: run the app, turning typed errors into messages."""
-    debug = os.environ.get("MLX_DEBUG") == "1" or "--debug" in (argv or sys.argv[1:])
+    flagged, args = take_debug_flag(sys.argv[1:] if argv is None else argv)
+    debug = flagged or os.environ.get("MLX_DEBUG") == "1"
     try:
         # Without standalone mode click *returns* a typer.Exit's code instead of raising it.
-        result = app(args=argv, standalone_mode=False)
+        result = app(args=args, prog_name="mlx", standalone_mode=False)
     except MlxLaunchError as exc:
         if debug:
             raise
@@ -67,6 +90,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> None:
     """setuptools console script."""
+    # First, before any command imports mlx: libmlx binds its matmul to the first BLAS loaded.
+    blas = use_optimised_blas()
+    if blas.outcome == "failed":
+        _err.print(
+            f"[yellow]warning:[/] BLAS {blas.path} not loaded ({blas.error}); "
+            "MLX uses its reference BLAS",
+            highlight=False,
+        )
     code = main()
     # Exit without interpreter teardown: once MLX has run on a worker thread, its C++ statics can
     # abort the process while Python finalises ("terminate called…", exit 134), which would

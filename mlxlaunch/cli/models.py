@@ -1,24 +1,33 @@
 """`mlx models …`: pull, list, info, rm, add, catalog and recommend local MLX models.
 
 Every command is a thin shell over `mlxlaunch.store`; failures are typed errors that
-`cli/main.py` turns into one-line messages.
+`cli/main.py` turns into one-line messages, and how models look is `cli/model_views.py`.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
+from mlxlaunch.cli.model_views import (
+    catalog_json,
+    info_fields,
+    info_json,
+    print_catalog,
+    print_info,
+    print_local_models,
+)
+from mlxlaunch.cli.options import MODEL_METAVAR, JsonOption
 from mlxlaunch.errors import ConfigError, ModelNotFound
 from mlxlaunch.store import (
     CATALOG,
     LocalModel,
+    catalog_entry,
     execute_removal,
     find_local,
     list_models,
@@ -30,11 +39,11 @@ from mlxlaunch.store import (
     register_local,
     snapshot_complete,
 )
-from mlxlaunch.store.facts import read_chat_template, template_features
 from mlxlaunch.store.memory import GIB, format_bytes, memory_fit
 from mlxlaunch.store.progress import RichPullProgress
+from mlxlaunch.testing import is_test_model_name, notice_for_test_model
 
-app = typer.Typer(
+models_app = typer.Typer(
     name="models",
     help=(
         "Manage local MLX models (the Hugging Face hub cache).\n\n"
@@ -47,14 +56,21 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
-_out = Console()
+TEST_MODEL_NOTE = "test model: built offline on first use, nothing to download or pull"
+
 _err = Console(stderr=True)
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
 MemoryOpt = Annotated[
     float | None,
     typer.Option("--memory", help="Judge for a machine with this many GiB (default: this one)."),
+]
+ModelArg = Annotated[
+    str,
+    typer.Argument(
+        metavar=MODEL_METAVAR,
+        help="Alias, repo id, or name given to `mlx models add`.",
+    ),
 ]
 
 
@@ -66,25 +82,15 @@ def _gib(memory: float | None) -> int | None:
     return int(memory * GIB)
 
 
-def _params(n: int | None) -> str:
-    if not n:
-        return "?"
-    return f"{n / 1e9:.1f}B" if n >= 1e8 else f"{n / 1e6:.1f}M"
-
-
-def _ago(ts: float | None) -> str:
-    if not ts:
-        return "never"
-    minutes = (time.time() - ts) / 60
-    for limit, unit, div in ((60, "min", 1), (48 * 60, "h", 60), (float("inf"), "d", 1440)):
-        if minutes < limit:
-            return f"{minutes / div:.0f} {unit} ago"
-    return "?"
-
-
-@app.command("pull")
+@models_app.command("pull", short_help="Download a model into the hub cache.")
 def pull_command(
-    name: Annotated[str, typer.Argument(help="Catalog alias or hub repo id (org/name).")],
+    name: Annotated[
+        str,
+        typer.Argument(
+            metavar=MODEL_METAVAR,
+            help="Catalog alias or hub repo id (org/name).",
+        ),
+    ],
     revision: Annotated[
         str | None, typer.Option("--revision", help="Branch, tag or commit.")
     ] = None,
@@ -92,7 +98,14 @@ def pull_command(
         bool, typer.Option("--force", help="Download even a repo MLX cannot load.")
     ] = False,
 ) -> None:
-    """Download a model's MLX files into the hub cache (resumable), then check it loads."""
+    """Download a model's MLX files into the hub cache (resumable), then check it loads.
+
+    Examples:
+
+      mlx models pull qwen-coder-7b
+
+      mlx models pull mlx-community/Qwen3-8B-4bit --revision main
+    """
     plan = plan_pull(name, revision=revision)
     label = plan.alias or plan.repo_id
     _err.print(
@@ -113,80 +126,118 @@ def pull_command(
     _err.print(f"[green]ready:[/] {label} → {result.path}", highlight=False)
 
 
-def _model_table(models: list[LocalModel]) -> Table:
-    table = Table(title="Local MLX models")
-    for column in ("name", "repo", "rev", "size", "bits", "params", "context", "tools",
-                   "thinking", "last used"):  # fmt: skip
-        table.add_column(column, no_wrap=column in ("name", "repo", "size"))
-    for m in models:
-        f = m.facts
-        name = m.name if m.complete else f"{m.name} [yellow](incomplete)[/]"
-        table.add_row(
-            name,
-            m.repo_id or str(m.path),
-            (m.revision or "")[:8] or "local",
-            format_bytes(m.size_on_disk),
-            str(f.quant_bits) if f.quant_bits else (f.dtype or "?"),
-            _params(f.param_count),
-            f"{f.context_window:,}" if f.context_window else "?",
-            f.tool_format or "-",
-            "yes" if f.thinking else "no",
-            _ago(m.last_used),
-        )
-    return table
+@models_app.command("list", short_help="List local models.")
+def list_command(
+    as_json: JsonOption = False,
+    names: Annotated[
+        bool, typer.Option("--names", help="Print only the names, one a line.")
+    ] = False,
+) -> None:
+    """List local models: hub-cache downloads and directories added with `mlx models add`.
 
+    Examples:
 
-@app.command("list")
-def list_command(as_json: JsonOpt = False) -> None:
-    """List local models: hub-cache downloads and directories added with `mlx models add`."""
+      mlx models list
+
+      mlx models list --json
+
+      mlx models list --names
+    """
     models = list_models()
     if as_json:
         typer.echo(json.dumps([m.as_json() for m in models], indent=2))
         return
+    if names:
+        for model in models:
+            typer.echo(model.name)
+        return
     if not models:
         _err.print("No local models. Try: mlx models recommend")
         return
-    _out.print(_model_table(models))
+    print_local_models(Console(), models)
 
 
 def _require(name: str) -> LocalModel:
     model = find_local(name)
     if model is None:
-        raise ModelNotFound(f"no local model '{name}'", hint=f"mlx models pull {name}")
+        pullable = catalog_entry(name) is not None or "/" in name
+        hint = f"mlx models pull {name}" if pullable else "see mlx models list, mlx models catalog"
+        raise ModelNotFound(f"no local model '{name}'", hint=hint)
     return model
 
 
-@app.command("info")
-def info_command(name: str, as_json: JsonOpt = False) -> None:
-    """Everything known about a local model: facts, template capabilities, files."""
-    model = _require(name)
-    template = read_chat_template(model.path)
-    features = template_features(template)
-    files = sorted(p.name for p in model.path.iterdir())
-    data = model.as_json() | {
-        "problems": model.facts.problems(),
-        "template_features": features.names(),
-        "files": files,
-        "memory": memory_fit(model.facts.weights_bytes).describe(),
-    }
+def offline_model_dir(name: str) -> Path:
+    """Where the test model `name` is (or will be) built; no build happens here."""
+    from mlxlaunch.testing.cache import TEST_MODELS, builder_hash, cached_models_dir
+
+    # The layout `ensure_test_model` builds into (a test keeps the two in step).
+    return cached_models_dir() / f"{name}-{builder_hash(TEST_MODELS[name])}"
+
+
+def _test_model(name: str) -> tuple[dict[str, Any], LocalModel | None]:
+    """`name`'s info document, and the model once it was built (None before)."""
+    path = offline_model_dir(name)
+    note = notice_for_test_model(name)
+    if not (path / "config.json").is_file():
+        return {"name": name, "test_model": True, "built": False, "path": str(path),
+                "description": note}, None  # fmt: skip
+    model = LocalModel(
+        name=name,
+        repo_id=None,
+        alias=None,
+        source="test",
+        path=path,
+        revision=None,
+        refs=(),
+        size_on_disk=sum(p.stat().st_size for p in path.rglob("*") if p.is_file()),
+        complete=snapshot_complete(path),
+        facts=read_facts(path),
+        last_used=None,
+    )
+    return info_json(model, test_model=True) | {"built": True, "description": note}, model
+
+
+@models_app.command("info", short_help="Everything known about a local model.")
+def info_command(name: ModelArg, as_json: JsonOption = False) -> None:
+    """Everything known about a local model: facts, template capabilities, files.
+
+    Examples:
+
+      mlx models info qwen-coder-7b
+
+      mlx models info qwen-coder-7b --json
+
+      mlx models info demo
+    """
+    heading = Text(name, style="bold")
+    if is_test_model_name(name):
+        data, model = _test_model(name)
+        fields = [("kind", TEST_MODEL_NOTE), ("note", notice_for_test_model(name))]
+        if model is None:
+            fields += [("built", f"not yet: the first `mlx serve --model {name}` builds it"),
+                       ("path", data["path"])]  # fmt: skip
+        else:
+            skip = ("alias", "repo", "source", "revision", "last used")
+            fields += [f for f in info_fields(data) if f[0] not in skip]
+    else:
+        data = info_json(_require(name)) | {"test_model": False}
+        fields = info_fields(data)
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
-    table = Table(show_header=False, title=model.name)
-    table.add_column("field", style="bold")
-    table.add_column("value")
-    for key, value in data.items():
-        if isinstance(value, list):
-            value = ", ".join(map(str, value)) or "-"
-        elif key == "size_on_disk":
-            value = format_bytes(int(value))
-        table.add_row(key, str(value))
-    _out.print(table)
+    print_info(Console(), heading, fields)
 
 
-@app.command("rm")
-def rm_command(name: str, yes: YesOpt = False) -> None:
-    """Remove a model and free its files (refused while a running server has it loaded)."""
+@models_app.command("rm", short_help="Remove a local model and free its files.")
+def rm_command(name: ModelArg, yes: YesOpt = False) -> None:
+    """Remove a model and free its files (refused while a running server has it loaded).
+
+    Examples:
+
+      mlx models rm qwen-coder-7b
+
+      mlx models rm my-model --yes
+    """
     removal = plan_removal(name)
     what = (
         f"delete {removal.name} ({format_bytes(removal.freed_bytes)}) from {removal.target}"
@@ -199,14 +250,21 @@ def rm_command(name: str, yes: YesOpt = False) -> None:
     _err.print(f"removed {removal.name}; freed {format_bytes(freed)}", highlight=False)
 
 
-@app.command("add")
+@models_app.command("add", short_help="Register a local model directory.")
 def add_command(
     path: Annotated[Path, typer.Argument(help="A model directory (config.json + weights).")],
     name: Annotated[
         str | None, typer.Option("--name", help="Name to use (default: dir name).")
     ] = None,
 ) -> None:
-    """Register a local model directory so `--model NAME` finds it."""
+    """Register a local model directory so `--model NAME` finds it.
+
+    Examples:
+
+      mlx models add ./my-mlx-model
+
+      mlx models add ~/models/Qwen3-8B-4bit --name qwen-local
+    """
     directory = path.expanduser().resolve()
     if not snapshot_complete(directory):
         problems = read_facts(directory).problems() or ["missing weight shards"]
@@ -215,40 +273,59 @@ def add_command(
     _err.print(f"added {name or directory.name} → {directory}", highlight=False)
 
 
-@app.command("catalog")
-def catalog_command(as_json: JsonOpt = False) -> None:
-    """Aliases for well-known MLX models that handle Claude Code's tools well."""
+@models_app.command("catalog", short_help="Well-known models, by alias.")
+def catalog_command(as_json: JsonOption = False) -> None:
+    """Aliases for well-known MLX models that handle Claude Code's tools well.
+
+    Examples:
+
+      mlx models catalog
+
+      mlx models catalog --json
+    """
     if as_json:
-        typer.echo(json.dumps([
-            {"alias": e.alias, "repo_id": e.repo_id, "kind": e.kind, "bits": e.bits,
-             "size_bytes": e.size_bytes, "context_window": e.context_window,
-             "memory_bytes": e.memory_bytes}
-            for e in CATALOG
-        ], indent=2))  # fmt: skip
+        typer.echo(json.dumps(catalog_json(CATALOG), indent=2))
         return
-    table = Table(title="Catalog (mlx models pull ALIAS)")
-    for column in ("alias", "repo", "kind", "params", "bits", "size", "context", "memory"):
-        table.add_column(column, no_wrap=column in ("alias", "repo", "size"))
-    for e in CATALOG:
-        table.add_row(e.alias, e.repo_id, e.kind, e.params, str(e.bits),
-                      format_bytes(e.size_bytes), f"{e.context_window:,}",
-                      format_bytes(e.memory_bytes))  # fmt: skip
-    _out.print(table)
+    print_catalog(Console(), CATALOG)
 
 
-@app.command("recommend")
+def recommendation_json(memory: int | None, kind: str | None) -> dict[str, Any]:
+    """`mlx models recommend --json`: the pick, its figures, and whether it fits."""
+    entry = recommend(memory, kind=kind)
+    if entry is None:
+        raise ConfigError("no catalog model fits this machine's memory")
+    fit = memory_fit(entry.size_bytes, memory)
+    return catalog_json([entry])[0] | {
+        "fits": fit.fits,
+        "memory": fit.describe(),
+        "pull_command": f"mlx models pull {entry.alias}",
+    }
+
+
+@models_app.command("recommend", short_help="The best catalog model for this machine.")
 def recommend_command(
     memory: MemoryOpt = None,
     kind: Annotated[str | None, typer.Option("--kind", help="coder or general.")] = None,
+    as_json: JsonOption = False,
 ) -> None:
-    """The best catalog model that fits this machine's memory."""
-    entry = recommend(_gib(memory), kind=kind)
-    if entry is None:
-        raise ConfigError("no catalog model fits this machine's memory")
-    typer.echo(f"{entry.alias}\t{entry.repo_id}")
-    _err.print(
-        f"{format_bytes(entry.size_bytes)} download, {entry.context_window:,}-token context, "
-        f"{memory_fit(entry.size_bytes, _gib(memory)).describe()}\n"
-        f"pull it with: mlx models pull {entry.alias}",
-        highlight=False,
-    )
+    """The best catalog model that fits this machine's memory.
+
+    Prints `ALIAS<tab>REPO` (details on stderr), or one JSON document with --json.
+
+    Examples:
+
+      mlx models recommend
+
+      mlx models recommend --memory 32 --kind coder
+
+      mlx models pull "$(mlx models recommend | cut -f1)"
+    """
+    data = recommendation_json(_gib(memory), kind)
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    typer.echo(f"{data['alias']}\t{data['repo_id']}")
+    size = format_bytes(data["size_bytes"])
+    _err.print(f"{size} download, {data['context_window']:,}-token context", highlight=False)
+    _err.print(f"memory: {data['memory']}", highlight=False)
+    _err.print(f"pull it with: {data['pull_command']}", highlight=False)

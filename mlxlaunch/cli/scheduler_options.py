@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from mlxlaunch.config import MIN_CONTEXT_LENGTH, check_context_length
 from mlxlaunch.engine.sweeper import parse_duration
 from mlxlaunch.engine.tuning import engine_tuning
 
@@ -28,8 +29,23 @@ def _duration(value: str | None) -> str | None:
     return value
 
 
+def _context_length(value: int | None) -> int | None:
+    # The same rule as `mlx config set context-length`, with the same reason.
+    if value is not None:
+        try:
+            check_context_length(value)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from exc
+    return value
+
+
 ContextLengthOption = Annotated[
-    int | None, typer.Option(min=2, help="Context window to serve (default: the model's).")
+    int | None,
+    typer.Option(
+        callback=_context_length,
+        help=f"Context window to serve, in tokens (at least {MIN_CONTEXT_LENGTH}; "
+        "default: the model's).",
+    ),
 ]
 MaxConcurrencyOption = Annotated[
     int | None, typer.Option(min=1, help="Requests decoded together (default: 8).")

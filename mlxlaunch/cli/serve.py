@@ -14,7 +14,6 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from mlxlaunch.cli.app import app
 from mlxlaunch.cli.cache_options import (
     DEFAULT_CACHE_DISK,
     CacheDirOption,
@@ -22,6 +21,7 @@ from mlxlaunch.cli.cache_options import (
     CacheMemoryOption,
     cache_config,
 )
+from mlxlaunch.cli.options import model_option
 from mlxlaunch.cli.scheduler_options import (
     DEFAULT_IDLE_CLEAR,
     DEFAULT_MEMORY_FRACTION,
@@ -34,9 +34,9 @@ from mlxlaunch.cli.scheduler_options import (
 )
 from mlxlaunch.launch.child import terminating_like_ctrl_c
 from mlxlaunch.launch.claude_env import ClaudeTarget, export_lines, launch_variables
-from mlxlaunch.launch.models import resolve_name
+from mlxlaunch.launch.models import demo_replies, resolve_name
 from mlxlaunch.launch.state import RunState, remove_state, write_state
-from mlxlaunch.testing import DEMO_NOTICE, is_test_model_name
+from mlxlaunch.testing import is_test_model_name, notice_for_test_model
 
 # How long requests in flight at Ctrl-C may finish before the server is forced down.
 DRAIN_S = 5.0
@@ -53,17 +53,16 @@ Examples:
 
   mlx serve --model qwen-coder-7b --port 8080 --auth-token secret
 
-  mlx serve --model ./my-mlx-model --context-length 32768 --host 0.0.0.0 --allow-remote
+  mlx serve --model ./my-mlx-model --context-length 32768
+
+  mlx serve --model demo --host 0.0.0.0 --allow-remote
 """
 
 _console = Console(stderr=True)
 
 
-@app.command("serve", help=SERVE_HELP)
 def serve(
-    model: Annotated[
-        str, typer.Option("--model", "-m", help="Alias, repo id, local path, or `demo`.")
-    ],
+    model: Annotated[str, model_option("Alias, repo id, local path, or `demo`.")],
     host: Annotated[
         str, typer.Option(help="Interface to listen on (beyond loopback needs --allow-remote).")
     ] = "127.0.0.1",
@@ -108,7 +107,7 @@ def serve(
     ] = None,
 ) -> None:
     if is_test_model_name(model):
-        _console.print(f"[bold yellow]note:[/] {DEMO_NOTICE}", highlight=False)
+        _console.print(f"[bold yellow]note:[/] {notice_for_test_model(model)}", highlight=False)
     token, origins = _security_options(host, auth_token, no_auth, allow_remote, allow_origin)
     path = resolve_name(model)
     _log_requests_to_terminal()
@@ -116,6 +115,7 @@ def serve(
     # The engine (and mlx) load only when serving, keeping every other `mlx` command quick.
     from mlxlaunch.engine.config import EngineConfig
     from mlxlaunch.engine.engine import Engine
+    from mlxlaunch.launch.test_hook import scripted_output_from_env
     from mlxlaunch.protocol.limits import plain_model_id
     from mlxlaunch.server.app import ServerSettings
     from mlxlaunch.server.runner import start_server
@@ -131,6 +131,8 @@ def serve(
                 memory_fraction=memory_fraction,
             ),
             **cache_config(cache_memory, cache_dir, cache_disk),
+            # As for `mlx launch`: a test's scripted output if one is set, else the demo's.
+            logits_hook=scripted_output_from_env(os.environ) or demo_replies(model),
         )
     )
     with terminating_like_ctrl_c(), contextlib.ExitStack() as stack:
@@ -178,8 +180,18 @@ def serve(
             while handle.running:
                 time.sleep(0.2)
         except KeyboardInterrupt:
-            _console.print("stopping…")
+            _console.print(_stopping_note(handle.in_flight), highlight=False)
     _console.print("stopped")
+
+
+def _stopping_note(in_flight: int) -> str:
+    if not in_flight:
+        return "stopping…"
+    requests = "1 request" if in_flight == 1 else f"{in_flight} requests"
+    return (
+        f"stopping: {requests} in flight may finish for up to {DRAIN_S:g} s, then get "
+        '"server is shutting down" (Ctrl-C again to stop now)'
+    )
 
 
 def _security_options(

@@ -1,6 +1,12 @@
 """Engine statistics: plain-data snapshots for the dashboard and metrics, and their bookkeeping.
 
 The worker thread writes; any thread reads a snapshot through `StatsBook.snapshot`.
+
+The speeds in a snapshot (`prefill_tps`, `decode_tps`) are tokens per second of work over the
+steps of the last `RATE_WINDOW_S` seconds, by the injected clock at read time: they read 0 once
+nothing ran for that long (they used to be pruned only when a step came, so an idle server
+showed its last speeds forever). Admission's backlog estimate keeps the last measured prefill
+speed instead (`prefill_tps()`): an idle spell does not make the machine any slower.
 """
 
 from __future__ import annotations
@@ -98,13 +104,20 @@ class EngineStats:
 class StatsBook:
     """Thread-safe accumulator behind `Engine.stats()`."""
 
-    def __init__(self, clock: Callable[[], float], keep_records: int = 50) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        keep_records: int = 50,
+        rate_window_s: float = RATE_WINDOW_S,
+    ) -> None:
         self._clock = clock
+        self.rate_window_s = rate_window_s
         self._lock = threading.Lock()
         self._counters = EngineCounters()
         self._records: deque[RequestRecord] = deque(maxlen=keep_records)
         # (time, prompt tokens, prompt seconds, generated tokens, decode seconds) per step
         self._steps: deque[tuple[float, int, float, int, float]] = deque()
+        self._prefill_tps = 0.0  # as last measured; survives idle spells
         self.model: str | None = None
         self.state: EngineState = "unloaded"
         self.queue_depth = 0
@@ -132,20 +145,27 @@ class StatsBook:
         now = self._clock()
         with self._lock:
             self._steps.append((now, prompt_tokens, prompt_s, gen_tokens, decode_s))
-            while self._steps and self._steps[0][0] < now - RATE_WINDOW_S:
-                self._steps.popleft()
+            steps = self._recent_steps(now)
+        prompt_s_total = sum(s[2] for s in steps)
+        if prompt_s_total > 0:
+            self._prefill_tps = sum(s[1] for s in steps) / prompt_s_total
+
+    def _recent_steps(self, now: float) -> list[tuple[float, int, float, int, float]]:
+        """Drop the steps older than the window; the rest (call with the lock held)."""
+        while self._steps and self._steps[0][0] < now - self.rate_window_s:
+            self._steps.popleft()
+        return list(self._steps)
 
     def prefill_tps(self) -> float:
-        """The recent prefill speed alone: what admission control needs per request, without
-        the cost of a whole snapshot (records, cache figures)."""
-        with self._lock:
-            steps = list(self._steps)
-        prompt_s = sum(s[2] for s in steps)
-        return sum(s[1] for s in steps) / prompt_s if prompt_s > 0 else 0.0
+        """The prefill speed as last measured, kept through idle spells: what admission
+        control needs per request (a backlog estimate), without the cost of a snapshot."""
+        return self._prefill_tps
 
     def snapshot(self) -> EngineStats:
+        """The engine now; its speeds cover only the steps of the last `rate_window_s`."""
+        now = self._clock()
         with self._lock:
-            steps = list(self._steps)
+            steps = self._recent_steps(now)
             counters = self._counters
             records = list(self._records)
         prompt_tokens = sum(s[1] for s in steps)

@@ -1,4 +1,9 @@
-"""Finding the `claude` executable and asking it for its version."""
+"""Finding the `claude` executable, and the one pinned Claude Code that mlxlaunch installs.
+
+Lookup order: `--claude-bin`, then `claude` on PATH, then the pinned install under the
+mlxlaunch home (`<home>/claude-code/<version>/node_modules/.bin/claude`), which
+`mlx launch claude --install-claude` puts there with npm (see `claude_install`).
+"""
 
 from __future__ import annotations
 
@@ -8,29 +13,83 @@ import subprocess
 from pathlib import Path
 
 from mlxlaunch.errors import ClaudeNotFound
+from mlxlaunch.home import mlxlaunch_home
 
-INSTALL_HINT = (
-    "install Claude Code with `npm install -g @anthropic-ai/claude-code` "
-    "(or `curl -fsSL https://claude.ai/install.sh | bash`), or pass --claude-bin PATH"
-)
+# The Claude Code release this product is tested against (its captured requests live in
+# tests/fixtures/claude-code-<version>). The Makefile and the end-to-end tests read it from here.
+CLAUDE_CODE_VERSION = "2.1.332"
+CLAUDE_CODE_PACKAGE = "@anthropic-ai/claude-code"
+INSTALL_FLAG = "--install-claude"
 
 
-def find_claude(explicit: str | None = None, path: str | None = None) -> Path:
-    """The `claude` to run: `explicit` if given (a path or a name on PATH), else `claude` on PATH.
+def pinned_prefix(home: Path | None = None) -> Path:
+    """The npm prefix the pinned Claude Code is installed into (one directory per version)."""
+    return (home or mlxlaunch_home()) / "claude-code" / CLAUDE_CODE_VERSION
 
-    Raises ClaudeNotFound with the install command when there is none.
+
+def pinned_claude(prefix: Path | None = None) -> Path:
+    """The `claude` executable npm links inside `prefix` (default: `pinned_prefix()`)."""
+    return (prefix or pinned_prefix()) / "node_modules" / ".bin" / "claude"
+
+
+def npm_install_command(prefix: Path | None = None, npm: str = "npm") -> list[str]:
+    """The npm command line that installs the pinned Claude Code into `prefix`."""
+    return [
+        npm,
+        "install",
+        "--prefix",
+        str(prefix or pinned_prefix()),
+        "--no-audit",
+        "--no-fund",
+        # An exact version never changes, so npm's cache is as good as the registry: a
+        # reinstall (or a second prefix on the same machine) needs no network.
+        "--prefer-offline",
+        f"{CLAUDE_CODE_PACKAGE}@{CLAUDE_CODE_VERSION}",
+    ]
+
+
+def install_hint(prefix: Path | None = None) -> str:
+    """What to run to get the pinned Claude Code, in the words of an error hint or a fix."""
+    where = prefix or pinned_prefix()
+    return (
+        f"run `mlx launch claude {INSTALL_FLAG}` to install Claude Code {CLAUDE_CODE_VERSION} "
+        f"into {where} (with npm), or pass --claude-bin PATH"
+    )
+
+
+def _executable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
+
+
+def find_claude(
+    explicit: str | None = None, path: str | None = None, prefix: Path | None = None
+) -> Path:
+    """The `claude` to run: `explicit` (a path or a name on PATH) if given, else `claude` on
+    PATH (`path`, default $PATH), else the pinned install in `prefix` (default:
+    `pinned_prefix()`).
+
+    Raises ClaudeNotFound, whose hint names the install command, when there is none.
     """
     search_path = os.environ.get("PATH", "") if path is None else path
-    name = explicit or "claude"
-    if explicit and os.sep in explicit:
-        candidate = Path(explicit).expanduser()
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return candidate.resolve()
-        raise ClaudeNotFound(f"{explicit} is not an executable file", hint=INSTALL_HINT)
-    found = shutil.which(name, path=search_path)
-    if found is None:
-        raise ClaudeNotFound(f"`{name}` was not found on PATH", hint=INSTALL_HINT)
-    return Path(found)
+    if explicit:
+        if os.sep in explicit:
+            candidate = Path(explicit).expanduser()
+            if _executable(candidate):
+                return candidate.resolve()
+            raise ClaudeNotFound(f"{explicit} is not an executable file", hint=install_hint())
+        found = shutil.which(explicit, path=search_path)
+        if found is None:
+            raise ClaudeNotFound(f"`{explicit}` was not found on PATH", hint=install_hint())
+        return Path(found)
+    found = shutil.which("claude", path=search_path)
+    if found is not None:
+        return Path(found)
+    installed = pinned_claude(prefix)
+    if _executable(installed):
+        return installed
+    raise ClaudeNotFound(
+        f"`claude` was not found on PATH nor at {installed}", hint=install_hint(prefix)
+    )
 
 
 def claude_version(binary: Path, timeout: float = 15.0) -> str | None:

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 from collections.abc import Callable
@@ -13,9 +14,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from mlxlaunch.launch.claude_bin import INSTALL_HINT, claude_version, find_claude
+from mlxlaunch.blas import ENV_CHOICE
+from mlxlaunch.blas_probe import BlasReport, blas_report
+from mlxlaunch.launch.claude_bin import (
+    CLAUDE_CODE_PACKAGE,
+    CLAUDE_CODE_VERSION,
+    INSTALL_FLAG,
+    claude_version,
+    find_claude,
+    pinned_prefix,
+)
+from mlxlaunch.launch.node import (
+    NODE_FIX,
+    NodeFacts,
+    format_version,
+    node_facts,
+    node_problem,
+    runs_under_node,
+)
 from mlxlaunch.launch.state import RunState, running_servers
-from mlxlaunch.store.catalog import recommend
+from mlxlaunch.store.catalog import CatalogEntry, recommend
+from mlxlaunch.store.compute import Compute
 from mlxlaunch.store.memory import GIB, format_bytes, memory_fit, system_memory_bytes
 
 Status = Literal["ok", "warn", "fail", "info"]
@@ -49,6 +68,18 @@ class DoctorFacts:
     models_dir: str
     free_disk: int
     servers: tuple[RunState, ...] = field(default_factory=tuple)
+    blas: BlasReport | None = None  # None: not measured (mlx does not load)
+    claude_install_dir: str = ""  # where `--install-claude` puts the pinned Claude Code
+    claude_needs_node: bool = False  # the claude found is a node script, not a native build
+    node: NodeFacts | None = None  # None: not looked at
+    cpu_count: int = 1
+
+    @property
+    def compute(self) -> Compute:
+        """What MLX computes with here, for recommending a model that runs at a usable speed."""
+        if self.device == "gpu":
+            return Compute("metal" if self.system == "Darwin" else "cuda", self.cpu_count)
+        return Compute("cpu", self.cpu_count)
 
 
 @dataclass(frozen=True)
@@ -90,10 +121,39 @@ def _backend_check(f: DoctorFacts) -> Check:
     )
 
 
+BLAS_FIX = (
+    "sudo apt-get install libopenblas0-pthread (Debian/Ubuntu); "
+    "sudo dnf install openblas-pthreads (Fedora); sudo pacman -S openblas (Arch)"
+)
+
+
+def _blas_check(f: DoctorFacts) -> Check:
+    # On Linux the mlx-cpu wheel's reference BLAS multiplies 30-40x slower than OpenBLAS.
+    if f.system == "Darwin":
+        return Check("BLAS", "ok", f.blas.describe() if f.blas else "Accelerate (macOS)")
+    if f.blas is None:
+        return Check("BLAS", "info", "not measured: mlx does not load")
+    found, load = f.blas.describe(), f.blas.load
+    if f.blas.optimised:
+        return Check("BLAS", "ok", found)
+    if load is not None and load.outcome in ("failed", "too-late"):
+        return Check(
+            "BLAS",
+            "warn",
+            f"{found}; {load.path} was not loaded: {load.error}",
+            f"set {ENV_CHOICE} to an optimised BLAS library (or unset it); " + BLAS_FIX,
+        )
+    if load is not None and load.outcome == "reference":
+        return Check("BLAS", "info", f"{found} ({ENV_CHOICE}=reference)", f"unset {ENV_CHOICE}")
+    if f.device == "gpu":  # the model runs on the GPU; only CPU-side work uses the BLAS
+        return Check("BLAS", "info", found, BLAS_FIX)
+    return Check("BLAS", "warn", found + " (OpenBLAS: 30-40x faster)", BLAS_FIX)
+
+
 def _memory_check(f: DoctorFacts) -> Check:
     if f.total_memory <= 0:
         return Check("memory", "warn", "unknown", "models are judged without a memory limit")
-    best = recommend(f.total_memory)
+    best = _recommended(f)
     detail = f"{format_bytes(f.total_memory)} total"
     if best is None:
         return Check(
@@ -109,24 +169,62 @@ def _memory_check(f: DoctorFacts) -> Check:
             f"{detail}: only small models fit (best: {best.alias})",
             "close other apps; 16 GB or more gives a much better experience",
         )
-    return Check("memory", "ok", f"{detail}; recommended model: {best.alias}")
+    found = f"{detail}; recommended model: {best.alias} ({format_bytes(best.size_bytes)})"
+    if f.compute.backend == "cpu" and best != recommend(f.total_memory, compute=None):
+        found += f", the largest that runs at a usable speed on {f.compute.describe()}"
+    return Check("memory", "ok", found)
+
+
+def _recommended(f: DoctorFacts) -> CatalogEntry | None:
+    """The catalog model for this machine: fits its memory and suits its compute."""
+    return recommend(f.total_memory, compute=f.compute) if f.total_memory > 0 else None
+
+
+def _install_fix(f: DoctorFacts) -> str:
+    where = f.claude_install_dir or str(pinned_prefix())
+    return (
+        f"`mlx launch claude {INSTALL_FLAG}` installs "
+        f"{CLAUDE_CODE_PACKAGE}@{CLAUDE_CODE_VERSION} into {where}"
+    )
 
 
 def _claude_check(f: DoctorFacts) -> Check:
     if f.claude_path is None:
-        return Check("claude", "fail", "Claude Code is not on PATH", INSTALL_HINT)
+        return Check(
+            "claude", "fail", "Claude Code is not on PATH nor installed by mlx", _install_fix(f)
+        )
     if f.claude_version is None:
         return Check(
-            "claude",
-            "warn",
-            f"{f.claude_path} does not answer --version",
-            "reinstall: npm install -g @anthropic-ai/claude-code",
+            "claude", "warn", f"{f.claude_path} does not answer --version", _install_fix(f)
         )
-    return Check("claude", "ok", f"{f.claude_version} at {f.claude_path}")
+    found = f"{f.claude_version} at {f.claude_path}"
+    if not f.claude_version.startswith(CLAUDE_CODE_VERSION):
+        found += f" (mlxlaunch is tested with {CLAUDE_CODE_VERSION})"
+    return Check("claude", "ok", found)
+
+
+def _node_checks(f: DoctorFacts) -> list[Check]:
+    # The pinned Claude Code is a native binary: node runs only npm and its postinstall, so a
+    # missing or old node matters for installing, or for a claude that is a node script.
+    if f.node is None:
+        return []
+    problem = node_problem(f.node)
+    if problem is None:
+        version = format_version(f.node.version) if f.node.version else "?"
+        return [Check("node", "ok", f"node {version} at {f.node.path}")]
+    if f.claude_needs_node:
+        return [Check("node", "fail", f"{problem}; {f.claude_path} runs under node", NODE_FIX)]
+    if f.node.path is None and f.claude_path is not None:
+        return [Check("node", "info", f"{problem}; needed only to install it", NODE_FIX)]
+    if f.node.path is None:
+        return [Check("node", "fail", f"{problem}; npm comes with it", NODE_FIX)]
+    if f.node.too_old:
+        problem += " (npm warns EBADENGINE and installs anyway)"
+    return [Check("node", "warn", problem, NODE_FIX)]
 
 
 def _model_checks(f: DoctorFacts) -> list[Check]:
-    best = recommend(f.total_memory) if f.total_memory > 0 else None
+    best = _recommended(f)
     pull = f"mlx models pull {best.alias}" if best else "mlx models catalog"
     if not f.models:
         return [Check("models", "warn", "no models downloaded", pull)]
@@ -152,7 +250,7 @@ def _model_checks(f: DoctorFacts) -> list[Check]:
 
 
 def _disk_check(f: DoctorFacts) -> Check:
-    best = recommend(f.total_memory) if f.total_memory > 0 else None
+    best = _recommended(f)
     needed = (best.size_bytes if best else 0) + DISK_HEADROOM
     detail = f"{format_bytes(f.free_disk)} free at {f.models_dir}"
     if f.free_disk < needed:
@@ -174,8 +272,10 @@ def run_checks(facts: DoctorFacts) -> list[Check]:
     """All checks in report order."""
     return [
         _backend_check(facts),
+        _blas_check(facts),
         _memory_check(facts),
         _claude_check(facts),
+        *_node_checks(facts),
         *_model_checks(facts),
         _disk_check(facts),
         _server_check(facts),
@@ -219,7 +319,7 @@ def gather_facts(
     claude_bin: str | None = None,
     models: Callable[[], tuple[ModelFact, ...]] = _local_models,
 ) -> DoctorFacts:
-    """Read the facts of this machine (mlx, memory, claude, models, disk, servers)."""
+    """Read the facts of this machine (mlx, memory, claude, node, models, disk, servers)."""
     from mlxlaunch.errors import ClaudeNotFound
     from mlxlaunch.store.paths import hub_cache_dir
 
@@ -242,4 +342,9 @@ def gather_facts(
         models_dir=str(cache),
         free_disk=_free_disk(cache),
         servers=tuple(running_servers()),
+        blas=blas_report() if version is not None else None,
+        claude_install_dir=str(pinned_prefix()),
+        claude_needs_node=claude is not None and runs_under_node(claude),
+        node=node_facts(),
+        cpu_count=os.cpu_count() or 1,
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mlxlaunch.config import UserConfig
 from mlxlaunch.errors import ModelNotFound
@@ -19,6 +20,9 @@ from mlxlaunch.store.inventory import LocalModel, list_models
 from mlxlaunch.store.memory import memory_fit
 from mlxlaunch.store.resolve import resolve_model
 from mlxlaunch.testing import ensure_test_model, is_test_model_name
+
+if TYPE_CHECKING:
+    from mlxlaunch.testing.demo import DemoReplies
 
 
 @dataclass(frozen=True)
@@ -112,3 +116,16 @@ def choose_model(
         hint=(f"download the recommended one: {command}" if command else "see mlx models catalog")
         + "  (or try the offline demo: mlx launch claude --model demo)",
     )
+
+
+DEMO_MODEL = "demo"
+
+
+def demo_replies(name: str, total_memory: int | None = None) -> DemoReplies | None:
+    """The scripted replies `--model demo` answers with (None for every other model): its
+    weights are random, so unscripted it would write noise until its output cap."""
+    if name != DEMO_MODEL:
+        return None
+    from mlxlaunch.testing.demo import DemoReplies  # imports mlx: only when serving the demo
+
+    return DemoReplies(pull_hint=pull_command(total_memory))

@@ -19,21 +19,21 @@ from rich.console import Console
 
 from mlxlaunch.config import UserConfig, load_config
 from mlxlaunch.engine.cache_settings import DEFAULT_CACHE_DISK, cache_config
-from mlxlaunch.engine.config import EngineConfig
+from mlxlaunch.engine.config import EngineConfig, LogitsHook
 from mlxlaunch.engine.engine import Engine
 from mlxlaunch.engine.tuning import engine_tuning
 from mlxlaunch.errors import ModelNotFound
 from mlxlaunch.launch.child import run_child, terminating_like_ctrl_c
 from mlxlaunch.launch.claude_bin import claude_version, find_claude
 from mlxlaunch.launch.claude_env import ClaudeTarget, claude_environment, claude_model_id
-from mlxlaunch.launch.models import ChosenModel, choose_model
+from mlxlaunch.launch.models import ChosenModel, choose_model, demo_replies
 from mlxlaunch.launch.server_log import logging_to, new_log_path, terminal_to_child
 from mlxlaunch.launch.state import RunState, remove_state, write_state
 from mlxlaunch.launch.test_hook import scripted_output_from_env
 from mlxlaunch.launch.warm import warm_up_in_background
 from mlxlaunch.server.app import ServerSettings
 from mlxlaunch.server.runner import start_server
-from mlxlaunch.testing import DEMO_NOTICE, is_test_model_name
+from mlxlaunch.testing import is_test_model_name, notice_for_test_model
 
 # How long requests still in flight when claude exits may finish before the server is forced.
 DRAIN_S = 2.0
@@ -107,7 +107,7 @@ def launch_claude(
                 context_length=options.context_length,
                 **tuning,
                 **cache_config(options.cache_memory, options.cache_dir, options.cache_disk),
-                logits_hook=scripted_output_from_env(environ),
+                logits_hook=_logits_hook(environ, chosen),
             )
         )
         engine.start()
@@ -173,6 +173,12 @@ def _noise_cap(chosen: ChosenModel) -> int | None:
     return TEST_MODEL_OUTPUT_CAP if is_test_model_name(chosen.name) else None
 
 
+def _logits_hook(environ: Mapping[str, str], chosen: ChosenModel) -> LogitsHook | None:
+    """A test's scripted output if one is set, else the demo's replies for `--model demo`."""
+    scripted = scripted_output_from_env(environ)
+    return scripted if scripted is not None else demo_replies(chosen.name)
+
+
 def _choose(
     options: LaunchOptions, config: UserConfig, offer_pull: Callable[[], bool] | None
 ) -> ChosenModel:
@@ -204,8 +210,10 @@ def _announce(console: Console, served: Served, options: LaunchOptions) -> None:
         f"({served.context_window:,}-token window) at {served.url}",
         highlight=False,
     )
-    if served.model.name == "demo":
-        console.print(f"[yellow]note:[/] {DEMO_NOTICE}", highlight=False)
+    if is_test_model_name(served.model.name):
+        console.print(
+            f"[yellow]note:[/] {notice_for_test_model(served.model.name)}", highlight=False
+        )
     if not options.preload:
         console.print("[dim]the model loads in the background while you type[/]")
     console.print(f"[dim]server log: {served.log_file}[/]", highlight=False)

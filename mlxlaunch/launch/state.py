@@ -2,7 +2,8 @@
 
 One JSON file per server process: `<home>/run/<pid>.json`. The file holds the server's URL and
 bearer token, so it is written 0600 inside a 0700 directory. A file whose process is gone is
-stale: readers skip it and `running_servers` deletes it.
+stale: readers skip it and `running_servers` (re-exported from `mlxlaunch.runstate`, the one
+place that decides what is running) deletes it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,14 @@ from dataclasses import asdict
 from pathlib import Path
 
 from mlxlaunch.home import mlxlaunch_home
-from mlxlaunch.runstate import RunKind, RunState, pid_alive, read_record, run_dir, scan_records
+from mlxlaunch.runstate import (
+    RunKind,
+    RunState,
+    pid_alive,
+    read_record,
+    run_dir,
+    running_servers,
+)
 
 __all__ = [
     "RunKind",
@@ -69,13 +77,3 @@ def read_state(path: Path) -> RunState | None:
 def is_stale(state: RunState) -> bool:
     """A state file is stale when its process no longer exists."""
     return not pid_alive(state.pid)
-
-
-def running_servers(home: Path | None = None, *, prune: bool = True) -> list[RunState]:
-    """Live servers, newest first. Stale or malformed files are deleted when `prune`."""
-    scan = scan_records(run_dir(home))
-    if prune:
-        for path in scan.dead:
-            with contextlib.suppress(OSError):
-                path.unlink()
-    return sorted((state for _, state in scan.live), key=lambda s: s.started_at, reverse=True)

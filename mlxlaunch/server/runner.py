@@ -2,7 +2,9 @@
 
 The engine keeps its own worker thread; this thread only does HTTP. The socket is bound here,
 before uvicorn starts, so port 0 yields the real port at once and a bind error is raised to the
-caller instead of being logged on a background thread.
+caller instead of being logged on a background thread. Stopping drains (server/drain.py):
+requests in flight get a bounded time to finish, then an `overloaded_error`; uvicorn's own
+cancel of what is left, which prints tracebacks, is only the backstop behind it.
 """
 
 from __future__ import annotations
@@ -19,10 +21,15 @@ import uvicorn
 from mlxlaunch.errors import ConfigError
 from mlxlaunch.server.app import ServerSettings, ServingEngine, build_app
 from mlxlaunch.server.connections import head_deadline_protocol
+from mlxlaunch.server.drain import Drain
 from mlxlaunch.server.guards import check_exposure
 from mlxlaunch.server.stats_routes import close_streams
 
 _START_TIMEOUT_S = 30.0
+# How long requests in flight may finish by default when the server stops.
+DEFAULT_DRAIN_S = 5.0
+# After the drain: time for the cut requests' last bytes and uvicorn's own shutdown.
+_STOP_GRACE_S = 5.0
 
 
 @dataclass
@@ -35,6 +42,7 @@ class ServerHandle:
     _thread: threading.Thread
     _socket: socket.socket
     _engine: object
+    _drain: Drain
 
     @property
     def url(self) -> str:
@@ -46,14 +54,32 @@ class ServerHandle:
     def running(self) -> bool:
         return self._thread.is_alive()
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop accepting, let open requests finish for up to `timeout` s, then force."""
+    @property
+    def in_flight(self) -> int:
+        """Requests being served now."""
+        return self._drain.in_flight
+
+    def stop(self, timeout: float = DEFAULT_DRAIN_S) -> None:
+        """Stop accepting; requests in flight get `timeout` s to finish, then an error answer.
+
+        A KeyboardInterrupt while waiting (a second Ctrl-C) ends the drain at once; the
+        requests still get their error answer.
+        """
         close_streams(self._engine)  # endless stats streams would hold up a graceful stop
+        self._drain.begin(timeout)
+        # uvicorn cancels what is left after its own timeout: keep that behind ours.
+        self._server.config.timeout_graceful_shutdown = round(timeout + _STOP_GRACE_S)
         self._server.should_exit = True
-        self._thread.join(timeout)
+        deadline = time.monotonic() + timeout + 2 * _STOP_GRACE_S
+        while self._thread.is_alive() and (left := deadline - time.monotonic()) > 0:
+            try:
+                self._thread.join(left)
+            except KeyboardInterrupt:
+                self._drain.end_now()
+                deadline = min(deadline, time.monotonic() + _STOP_GRACE_S)
         if self._thread.is_alive():
             self._server.force_exit = True
-            self._thread.join(timeout)
+            self._thread.join(_STOP_GRACE_S)
         self._socket.close()
 
     def __enter__(self) -> ServerHandle:
@@ -110,13 +136,14 @@ def start_server(
     )
     limits = settings.limits
     sock = bind_socket(settings.host, settings.port)
+    drain = Drain(build_app(engine, settings))
     config = uvicorn.Config(
-        build_app(engine, settings),
+        drain,
         lifespan="off",
         log_config=None,  # keep the host application's logging setup
         log_level=log_level,
         access_log=False,  # the app logs one line per request itself
-        timeout_graceful_shutdown=5,
+        timeout_graceful_shutdown=round(DEFAULT_DRAIN_S + _STOP_GRACE_S),  # set again by stop()
         # `ping` frames keep streams alive; idle keep-alive connections may linger a while.
         timeout_keep_alive=75,
         # Bounds on what a client can hold (server/guards.py has the per-request ones).
@@ -139,5 +166,11 @@ def start_server(
         time.sleep(0.01)
     host, port = sock.getsockname()[:2]
     return ServerHandle(
-        host=str(host), port=int(port), _server=server, _thread=thread, _socket=sock, _engine=engine
+        host=str(host),
+        port=int(port),
+        _server=server,
+        _thread=thread,
+        _socket=sock,
+        _engine=engine,
+        _drain=drain,
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from mlxlaunch.store.compute import Compute, active_share, this_machine
 from mlxlaunch.store.memory import GIB, memory_fit, memory_needed
 
 GB = 1000**3
@@ -33,6 +34,17 @@ class CatalogEntry:
     def memory_bytes(self) -> int:
         """Memory this model needs for a long session (see `store.memory`)."""
         return memory_needed(self.size_bytes)
+
+    @property
+    def active_bytes(self) -> int:
+        """Weight bytes each generated token reads (a mixture of experts reads its active
+        experts only)."""
+        return int(self.size_bytes * active_share(self.params))
+
+    def suits(self, compute: Compute | None) -> bool:
+        """True when `compute` runs this model at a usable speed (None: not judged)."""
+        budget = compute.active_bytes_budget if compute is not None else None
+        return budget is None or self.active_bytes <= budget
 
 
 def _gb(x: float) -> int:
@@ -80,14 +92,22 @@ def recommend(
     *,
     kind: str | None = None,
     entries: Iterable[CatalogEntry] = CATALOG,
+    compute: Compute | None = None,
 ) -> CatalogEntry | None:
-    """The best-ranked entry that fits a machine with `total_memory` bytes (None if none fits).
+    """The best-ranked entry that fits a machine's memory and suits its compute (None if none
+    fits in memory).
 
     Args:
         total_memory: bytes of RAM; None reads this machine's.
         kind: restrict to "coder" or "general" models.
         entries: the catalog to choose from (tests pass their own).
+        compute: the machine's backend and cores. None: this machine's when `total_memory`
+            is None too, else memory alone (judging another machine). On a CPU-only machine
+            the models that fit but would be too slow are passed over (for the fastest one
+            that fits, when none suits).
     """
+    if compute is None and total_memory is None:
+        compute = this_machine()
     fitting = [
         e
         for e in entries
@@ -95,8 +115,11 @@ def recommend(
     ]
     if not fitting:
         return None
+    suited = [e for e in fitting if e.suits(compute)]
+    if not suited:
+        return min(fitting, key=lambda e: (e.active_bytes, -e.rank))
     # Prefer rank, then a longer context (Claude Code's prompt alone is ~20k tokens).
-    return max(fitting, key=lambda e: (e.rank, e.context_window))
+    return max(suited, key=lambda e: (e.rank, e.context_window))
 
 
 __all__ = ["CATALOG", "GIB", "CatalogEntry", "alias_for_repo", "catalog_entry", "recommend"]

@@ -7,6 +7,8 @@ longer offers them: a resume that survives the process (each file streams into
 request; the library deletes its partial files on failure), and
 registration last — snapshot links and the ref are written only once every file is present and
 checked, so an interrupted pull leaves nothing that `list` or `resolve_model` would offer.
+Every request carries the connect and read timeouts of `HubTimeouts` (store/hub_timeouts.py):
+a hub that stops answering is a `HubTimeout`, never a wait without end.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import httpx2
-from huggingface_hub import HfApi, constants, hf_hub_download, hf_hub_url
+from huggingface_hub import HfApi, hf_hub_url
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
@@ -42,6 +44,7 @@ from mlxlaunch import __version__
 from mlxlaunch.errors import ModelLoadError, ModelNotFound, NetworkError
 from mlxlaunch.store.catalog import alias_for_repo, catalog_entry
 from mlxlaunch.store.facts import mlx_lm_model_module
+from mlxlaunch.store.hub_timeouts import HubTimeouts, hub_timeout
 from mlxlaunch.store.memory import MemoryFit, memory_fit
 from mlxlaunch.store.paths import hub_cache_dir, hub_endpoint
 from mlxlaunch.store.progress import PullProgress, SilentProgress
@@ -115,7 +118,7 @@ def to_repo_id(name: str) -> tuple[str, str | None]:
 
 
 @contextlib.contextmanager
-def hub_errors(repo_id: str, endpoint: str) -> Iterator[None]:
+def hub_errors(repo_id: str, endpoint: str, timeouts: HubTimeouts) -> Iterator[None]:
     """Turn huggingface_hub/httpx failures into the product's typed errors."""
     offline_hint = "check the network (or HF_ENDPOINT); models already pulled keep working"
     try:
@@ -135,6 +138,8 @@ def hub_errors(repo_id: str, endpoint: str) -> Iterator[None]:
     except (OfflineModeIsEnabled, LocalEntryNotFoundError) as e:
         message = f"cannot reach the hub at {endpoint} (offline)"
         raise NetworkError(message, hint=offline_hint) from e
+    except httpx2.TimeoutException as e:
+        raise hub_timeout(e, endpoint, timeouts) from e
     except httpx2.TransportError as e:
         raise NetworkError(
             f"cannot reach the hub at {endpoint}: {type(e).__name__}",
@@ -152,11 +157,13 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
-def _fetch_json(repo_id: str, filename: str, commit: str, endpoint: str) -> dict[str, Any]:
+def _fetch_json(
+    repo_id: str, filename: str, commit: str, endpoint: str, timeouts: HubTimeouts
+) -> dict[str, Any]:
     """A small JSON file's content, read without touching the cache (planning has no effects)."""
     url = hf_hub_url(repo_id, filename, revision=commit, endpoint=endpoint)
     headers = build_hf_headers(library_name=LIBRARY, library_version=__version__)
-    response = get_session().get(url, headers=headers, timeout=30)
+    response = get_session().get(url, headers=headers, timeout=timeouts.httpx())
     hf_raise_for_status(response)
     data = response.json()
     return data if isinstance(data, dict) else {}
@@ -168,27 +175,36 @@ def plan_pull(
     revision: str | None = None,
     endpoint: str | None = None,
     total_memory: int | None = None,
+    timeouts: HubTimeouts | None = None,
 ) -> PullPlan:
     """Ask the hub about `name` and decide what to fetch; downloads nothing.
 
+    Args:
+        timeouts: per-request bounds (default: `HubTimeouts.from_env()`).
+
     Raises:
         ModelNotFound: no such repo or revision on the hub.
+        HubTimeout: the hub did not answer in time.
         NetworkError: the hub cannot be reached.
     """
     repo_id, alias = to_repo_id(name)
     base = endpoint or hub_endpoint()
     if _offline():
         raise NetworkError("HF_HUB_OFFLINE is set: pulling needs the hub", hint="unset it")
-    with hub_errors(repo_id, base):
+    timeouts = timeouts or HubTimeouts.from_env()
+    # model_info takes one number, which bounds the connection and each read alike.
+    info_timeouts = HubTimeouts(read_s=timeouts.read_s, connect_s=timeouts.read_s)
+    with hub_errors(repo_id, base, info_timeouts):
         info = HfApi(endpoint=base, library_name=LIBRARY, library_version=__version__).model_info(
-            repo_id, revision=revision, files_metadata=True
+            repo_id, revision=revision, files_metadata=True, timeout=timeouts.read_s
         )
+    with hub_errors(repo_id, base, timeouts):
         if info.sha is None:
             raise NetworkError(f"the hub at {base} sent no commit for '{repo_id}'")
         siblings = info.siblings or []
         check = check_repo_files(s.rfilename for s in siblings)
         config = (
-            _fetch_json(repo_id, "config.json", info.sha, base)
+            _fetch_json(repo_id, "config.json", info.sha, base, timeouts)
             if "config.json" in check.files
             else {}
         )
@@ -257,7 +273,9 @@ def _bytes_present(storage: Path, f: RemoteFile) -> int:
     return min(partial.stat().st_size, f.size) if partial.is_file() else 0
 
 
-def _stream_into(url: str, out: BinaryIO, resume: int, sink: PullProgress) -> None:
+def _stream_into(
+    url: str, out: BinaryIO, resume: int, sink: PullProgress, timeouts: HubTimeouts
+) -> None:
     """GET `url` from byte `resume` on, appending to `out` as bytes arrive.
 
     Bytes are written as the socket yields them (no large read buffer), so a dropped connection
@@ -267,8 +285,7 @@ def _stream_into(url: str, out: BinaryIO, resume: int, sink: PullProgress) -> No
     headers["Accept-Encoding"] = "identity"  # sizes and ranges must count the file's own bytes
     if resume:
         headers["Range"] = f"bytes={resume}-"
-    timeout = httpx2.Timeout(constants.HF_HUB_DOWNLOAD_TIMEOUT, connect=10.0)
-    with get_session().stream("GET", url, headers=headers, timeout=timeout) as response:
+    with get_session().stream("GET", url, headers=headers, timeout=timeouts.httpx()) as response:
         hf_raise_for_status(response)
         if resume and response.status_code == 200:  # the server ignored the range: start over
             out.seek(0)
@@ -286,6 +303,7 @@ def _download(
     endpoint: str,
     sink: PullProgress,
     retries: int,
+    timeouts: HubTimeouts,
 ) -> None:
     blob = storage / "blobs" / f.etag
     if blob.is_file():
@@ -300,12 +318,17 @@ def _download(
     with WeakFileLock(lock):
         if blob.is_file():  # another pull finished it while we waited
             return
-        _download_locked(f, url, partial, sink, retries)
+        _download_locked(f, url, partial, sink, retries, timeouts)
         os.replace(partial, blob)
 
 
 def _download_locked(
-    f: RemoteFile, url: str, partial: Path, sink: PullProgress, retries: int
+    f: RemoteFile,
+    url: str,
+    partial: Path,
+    sink: PullProgress,
+    retries: int,
+    timeouts: HubTimeouts,
 ) -> None:
     if partial.is_file() and partial.stat().st_size > f.size:  # not a prefix of this file
         partial.unlink()
@@ -314,11 +337,15 @@ def _download_locked(
             out.seek(0, os.SEEK_END)
             if out.tell() >= f.size:
                 break
+            start = out.tell()
             try:
-                _stream_into(url, out, out.tell(), sink)
-            except httpx2.TransportError:
-                # A dropped connection or a stall: keep what arrived and ask for the rest.
-                if attempt == retries:
+                _stream_into(url, out, start, sink, timeouts)
+            except httpx2.TransportError as exc:
+                # A dropped connection or a stall: keep what arrived and ask for the rest —
+                # unless the hub sent nothing for a whole timeout: then another try would
+                # only wait as long again.
+                stalled = isinstance(exc, httpx2.TimeoutException) and out.tell() == start
+                if attempt == retries or stalled:
                     raise
                 out.flush()
                 time.sleep(RETRY_BACKOFF_S * 2**attempt)
@@ -338,6 +365,7 @@ def pull(
     progress: PullProgress | None = None,
     force: bool = False,
     retries: int = 3,
+    timeouts: HubTimeouts | None = None,
 ) -> PullResult:
     """Download what `plan` lists, register it in the cache, and check the model loads.
 
@@ -348,9 +376,11 @@ def pull(
         progress: where progress goes (default: nowhere).
         force: pull even when the plan found problems.
         retries: reconnections per file after a dropped connection (each resumes).
+        timeouts: per-request bounds (default: `HubTimeouts.from_env()`).
 
     Raises:
         NotAnMlxModel: the plan found problems and `force` is False.
+        HubTimeout: the hub stopped answering; a rerun resumes where this one stopped.
         NetworkError / ModelNotFound: the hub failed; a rerun resumes where this one stopped.
     """
     if plan.problems and not force:
@@ -362,38 +392,40 @@ def pull(
     base = endpoint or hub_endpoint()
     storage = cache / repo_folder_name(repo_id=plan.repo_id, repo_type="model")
     sink = progress or SilentProgress()
+    timeouts = timeouts or HubTimeouts.from_env()
     already = sum(_bytes_present(storage, f) for f in plan.files)
     sink.begin(plan.total_bytes, already)
     try:
-        with hub_errors(plan.repo_id, base):
+        with hub_errors(plan.repo_id, base, timeouts):
             for f in plan.files:
-                _download(plan, f, storage, base, sink, retries)
-            snapshot = _register(plan, cache, base)
+                _download(plan, f, storage, base, sink, retries, timeouts)
+        snapshot = _register(plan, storage)
     finally:
         sink.end()
     return PullResult(snapshot, plan.total_bytes - already, verify_model_dir(snapshot))
 
 
-def _register(plan: PullPlan, cache: Path, endpoint: str) -> Path:
-    """Link every blob into the snapshot and write the ref — the last step of a pull."""
-    path = ""
+def _register(plan: PullPlan, storage: Path) -> Path:
+    """Link every blob into the snapshot and write the ref — the last step of a pull.
+
+    The links are the hub cache's own layout (`snapshots/<commit>/<file>` → `../../blobs/<etag>`,
+    relative), made here rather than by `hf_hub_download`, which would first ask the hub about
+    each file again: a request per file, and minutes of retries when the hub stalls right then.
+    """
+    snapshot = storage / "snapshots" / plan.commit
     # Weights last: a snapshot is only "complete" (see inventory) once they are linked.
     for f in sorted(plan.files, key=lambda f: f.name.endswith(".safetensors")):
-        # The blob is present, so huggingface_hub only creates the snapshot link here.
-        path = hf_hub_download(
-            plan.repo_id,
-            f.name,
-            revision=plan.commit,
-            cache_dir=cache,
-            endpoint=endpoint,
-            library_name=LIBRARY,
-            library_version=__version__,
-        )
-    storage = cache / repo_folder_name(repo_id=plan.repo_id, repo_type="model")
+        link = snapshot / f.name
+        link.parent.mkdir(parents=True, exist_ok=True)
+        target = os.path.relpath(storage / "blobs" / f.etag, link.parent)
+        tmp = link.with_name(f".{link.name}.{os.getpid()}.link")
+        tmp.unlink(missing_ok=True)
+        os.symlink(target, tmp)
+        os.replace(tmp, link)  # atomic: a reader sees the old link or the new one
     if plan.revision != plan.commit:
         ref = storage / "refs" / plan.revision
         ref.parent.mkdir(parents=True, exist_ok=True)
         tmp = ref.with_name(ref.name + ".tmp")
         tmp.write_text(plan.commit, encoding="utf-8")
         os.replace(tmp, ref)
-    return Path(path).parent if path else storage / "snapshots" / plan.commit
+    return snapshot

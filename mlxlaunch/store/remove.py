@@ -43,9 +43,7 @@ def _folder_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
 
 
-def plan_removal(
-    name: str, *, cache_dir: Path | None = None, run_directory: Path | None = None
-) -> Removal:
+def plan_removal(name: str, *, cache_dir: Path | None = None, home: Path | None = None) -> Removal:
     """Find what `name` would free, refusing when a running server uses it.
 
     Raises:
@@ -56,7 +54,7 @@ def plan_removal(
     model = find_local(name, cache)
     if model is not None:
         target = model.path if model.source == "local" else model.path.parent.parent
-        _refuse_if_used(name, target, run_directory)
+        _refuse_if_used(name, target, home)
         freed = model.size_on_disk if model.source == "hub" else 0
         return Removal(model.name, target, freed, model, cache)
     # A pull that never finished is invisible to `list` but still holds bytes.
@@ -67,12 +65,12 @@ def plan_removal(
     folder = repo_folder(repo_id, cache) if repo_id else None
     if folder is None:
         raise ModelNotFound(f"no local model '{name}'", hint="see `mlx models list`")
-    _refuse_if_used(name, folder, run_directory)
+    _refuse_if_used(name, folder, home)
     return Removal(repo_id, folder, _folder_size(folder), None, cache)
 
 
-def _refuse_if_used(name: str, target: Path, run_directory: Path | None) -> None:
-    users: list[RunningServer] = servers_using(target, run_directory)
+def _refuse_if_used(name: str, target: Path, home: Path | None) -> None:
+    users: list[RunningServer] = servers_using(target, home)
     if users:
         s = users[0]
         raise ModelInUse(

@@ -1,9 +1,9 @@
 """Which models running mlxlaunch servers have loaded: a token-less view of their state records.
 
-The record format, its parser and the run directory live in `mlxlaunch.runstate` (shared with
-the launcher, which writes the records; the store only reads). Records are read `partial`, so
-one from an older writer still counts. Writers also store the server's auth token; this view
-never exposes it. A record whose pid is no longer alive is stale and ignored.
+What is running is decided in one place, `mlxlaunch.runstate.running_servers` (shared with the
+launcher, which writes the records, and `mlx ps`); the store only reads. Records are read
+`partial`, so one from an older writer still counts, and never pruned here. Writers also store
+the server's auth token; this view never exposes it.
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlxlaunch.runstate import RunState, pid_alive, run_dir, scan_records
+from mlxlaunch import runstate
+from mlxlaunch.runstate import RunState, pid_alive
 
 __all__ = ["RunningServer", "pid_alive", "running_servers", "servers_using"]
 
@@ -25,10 +26,9 @@ class RunningServer:
     model: str
     model_path: Path | None
     started_at: float
-    record: Path
 
     @classmethod
-    def from_state(cls, state: RunState, record: Path) -> RunningServer:
+    def from_state(cls, state: RunState) -> RunningServer:
         """The store's view of a parsed record; the token is left behind."""
         return cls(
             pid=state.pid,
@@ -36,21 +36,20 @@ class RunningServer:
             model=state.model,
             model_path=Path(state.model_path) if state.model_path else None,
             started_at=state.started_at,
-            record=record,
         )
 
 
-def running_servers(directory: Path | None = None) -> list[RunningServer]:
-    """Live servers from the state records in `directory` (default: the run dir)."""
-    scan = scan_records(directory or run_dir(), partial=True)
-    return [RunningServer.from_state(state, path) for path, state in scan.live]
+def running_servers(home: Path | None = None) -> list[RunningServer]:
+    """Live servers (newest first) under `home` (default: mlxlaunch's), without their tokens."""
+    states = runstate.running_servers(home, prune=False, partial=True)
+    return [RunningServer.from_state(state) for state in states]
 
 
-def servers_using(path: Path, directory: Path | None = None) -> list[RunningServer]:
+def servers_using(path: Path, home: Path | None = None) -> list[RunningServer]:
     """Live servers whose loaded model directory is `path` or lies inside it."""
     target = path.resolve()
     users = []
-    for server in running_servers(directory):
+    for server in running_servers(home):
         if server.model_path is None:
             continue
         loaded = server.model_path.resolve()

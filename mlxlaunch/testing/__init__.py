@@ -20,6 +20,7 @@ _EXPORTS = {
     "cached_models_dir": "cache",
     "ensure_test_model": "cache",
     "is_test_model_name": "cache",
+    "notice_for_test_model": "cache",
     "FailingModel": "failing",
     "ForwardFailures": "failing",
     "fail_forward": "failing",

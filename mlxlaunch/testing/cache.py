@@ -23,9 +23,21 @@ import platformdirs
 HOME_ENV = "MLXLAUNCH_HOME"
 
 DEMO_NOTICE = (
-    "The demo model has random weights: its output is noise. It exists to try the server, "
-    "`mlx launch claude` and the dashboard without a download; pick a real model for real work."
+    "The demo model has random weights and answers from a script: a greeting, and a real Bash "
+    "tool round trip when asked to create a file. It shows the plumbing without a download; "
+    "pick a real model for real work (mlx models recommend)."
 )
+
+
+TEST_MODEL_NOTICE = (
+    "{name} is a test model with random weights: its output is noise. It exists for tests and "
+    "benchmarks; try `--model demo` for a scripted demo, or pick a real model for real work."
+)
+
+
+def notice_for_test_model(name: str) -> str:
+    """What the user is told when serving a built-in test model."""
+    return DEMO_NOTICE if name == "demo" else TEST_MODEL_NOTICE.format(name=name)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-CLAUDE_CODE_VERSION = "2.1.332"
+from mlxlaunch.launch.claude_bin import CLAUDE_CODE_VERSION, pinned_claude
+from mlxlaunch.launch.claude_install import install_claude_code
+
+__all__ = ["CLAUDE_CODE_VERSION", "claude_cache_dir", "install_real_claude", "write_fake_claude"]
 
 FAKE_CLAUDE = r"""
 import json, os, signal, sys, time, urllib.request
@@ -83,29 +86,14 @@ def write_fake_claude(directory: Path) -> Path:
 
 
 def install_real_claude(prefix: Path) -> Path | None:
-    """Install the pinned Claude Code under `prefix` with npm (once); None when npm is missing."""
-    binary = prefix / "node_modules" / ".bin" / "claude"
+    """The pinned Claude Code under `prefix`, installed there by the product's own installer
+    (npm) if it is not yet; None when npm is missing."""
+    binary = pinned_claude(prefix)
     if binary.exists() and _version_ok(binary):
         return binary
-    npm = shutil.which("npm")
-    if npm is None:
+    if shutil.which("npm") is None:
         return None
-    prefix.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [
-            npm,
-            "install",
-            "--prefix",
-            str(prefix),
-            "--no-audit",
-            "--no-fund",
-            f"@anthropic-ai/claude-code@{CLAUDE_CODE_VERSION}",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=600,
-    )
-    return binary if binary.exists() else None
+    return install_claude_code(prefix, timeout=600)
 
 
 def _version_ok(binary: Path) -> bool:

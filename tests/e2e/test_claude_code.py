@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 from e2e.claude_cli import CLAUDE_CODE_VERSION, claude_cache_dir, install_real_claude
 
+from mlxlaunch.testing.demo import DEMO_FILE_TEXT
+
 pytestmark = pytest.mark.e2e
 
 MLX = [sys.executable, "-c", "from mlxlaunch.cli.main import entry; entry()"]
@@ -35,10 +37,14 @@ def real_claude() -> Path:
 
 
 def _launch(
-    tmp_path: Path, claude: Path, model: Path, outputs: list[str], claude_args: list[str]
+    tmp_path: Path,
+    claude: Path,
+    model: Path | str,
+    outputs: list[str] | None,
+    claude_args: list[str],
 ) -> tuple[subprocess.CompletedProcess[str], str]:
-    script = tmp_path / "script.json"
-    script.write_text(json.dumps({"outputs": outputs}))
+    """`mlx launch claude --model MODEL -- CLAUDE_ARGS` in a fresh work directory; `outputs`
+    are the scripted replies (None: the model's own, e.g. the demo's)."""
     work = tmp_path / "work"
     work.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CLAUDE_"))}
@@ -47,8 +53,11 @@ def _launch(
         CLAUDE_CONFIG_DIR=str(tmp_path / "user" / ".claude"),
         MLXLAUNCH_HOME=str(tmp_path / "mlx"),
         MLXLAUNCH_CONFIG_DIR=str(tmp_path / "mlx-config"),
-        MLXLAUNCH_TEST_SCRIPT=str(script),
     )
+    if outputs is not None:
+        script = tmp_path / "script.json"
+        script.write_text(json.dumps({"outputs": outputs}))
+        env["MLXLAUNCH_TEST_SCRIPT"] = str(script)
     done = subprocess.run(
         [
             *MLX,
@@ -58,8 +67,7 @@ def _launch(
             str(model),
             "--claude-bin",
             str(claude),
-            "--env",
-            "CLAUDE_CODE_MAX_OUTPUT_TOKENS=64",
+            *(["--env", "CLAUDE_CODE_MAX_OUTPUT_TOKENS=64"] if outputs is not None else []),
             "--",
             *claude_args,
         ],
@@ -117,3 +125,25 @@ def test_tool_call_runs_and_its_result_goes_back(
     # The turn carrying the tool result prefilled only what was new: everything the first turn
     # sent came from the prefix cache (the cache keeps whole 256-token blocks, at worst one less).
     assert served[1][1] >= prompts[0] - 256, log
+
+
+def test_the_demo_greets_and_says_what_it_is(tmp_path: Path, real_claude: Path) -> None:
+    # The README's first command: the demo answers Claude Code with its own short message.
+    done, log = _launch(tmp_path, real_claude, "demo", None, ["-p", "explain this repo"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "demo model" in done.stdout and "mlx models" in done.stdout
+    assert REQUEST_LINE.search(log), log
+
+
+def test_the_demo_runs_a_real_tool_round_trip(tmp_path: Path, real_claude: Path) -> None:
+    done, _ = _launch(
+        tmp_path,
+        real_claude,
+        "demo",
+        None,
+        ["-p", "create a file hello.txt", "--allowedTools", "Bash"],
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    written = tmp_path / "work" / "hello.txt"
+    assert written.read_text().strip() == DEMO_FILE_TEXT
+    assert "full tool round trip" in done.stdout

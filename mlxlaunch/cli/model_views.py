@@ -1,0 +1,197 @@
+"""How `mlx models list/catalog/info` show models: tables, blocks for narrow consoles, JSON.
+Values are in words a person reads ("unknown", "yes", "4.0B", "3 h ago"), never Python's
+`None`/`True`; the JSON keeps the raw values, under stable keys.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+from mlxlaunch.cli.layout import Cell, Column, Record, print_lines, print_report, record_blocks
+from mlxlaunch.store import CatalogEntry, LocalModel
+from mlxlaunch.store.facts import read_chat_template, template_features
+from mlxlaunch.store.memory import format_bytes, memory_fit
+
+LIST_COLUMNS = (
+    Column("name"),
+    Column("repo"),
+    Column("rev"),
+    Column("size", justify="right"),
+    Column("bits"),
+    Column("params", justify="right"),
+    Column("context", justify="right"),
+    Column("tools"),
+    Column("thinking"),
+    Column("last used"),
+)
+CATALOG_COLUMNS = (
+    Column("alias"),
+    Column("repo"),
+    Column("kind"),
+    Column("params"),
+    Column("bits", justify="right"),
+    Column("size", justify="right"),
+    Column("context", justify="right"),
+    Column("memory", justify="right"),
+    Column("note", wrap=True),
+)
+CATALOG_TITLE = "Catalog (mlx models pull ALIAS)"
+
+
+def yes_no(value: bool | None) -> str:
+    """A flag in words."""
+    return "unknown" if value is None else "yes" if value else "no"
+
+
+def params(n: int | None) -> str:
+    """A parameter count as people say it: 4.0B, 350.0M."""
+    if not n:
+        return "unknown"
+    return f"{n / 1e9:.1f}B" if n >= 1e8 else f"{n / 1e6:.1f}M"
+
+
+def ago(ts: float | None, now: float | None = None) -> str:
+    """How long ago `ts` (unix seconds) was, in the largest fitting unit."""
+    if not ts:
+        return "never"
+    minutes = ((time.time() if now is None else now) - ts) / 60
+    for limit, unit, div in ((60, "min", 1), (48 * 60, "h", 60), (float("inf"), "d", 1440)):
+        if minutes < limit:
+            return f"{minutes / div:.0f} {unit} ago"
+    return "unknown"
+
+
+def _tokens(n: int | None) -> str:
+    return f"{n:,}" if n else "unknown"
+
+
+def _name(model: LocalModel) -> Text:
+    name = Text(model.name, style="bold")
+    if not model.complete:
+        name.append(" (incomplete)", style="yellow")
+    return name
+
+
+def _list_values(m: LocalModel) -> list[str]:
+    f = m.facts
+    return [
+        m.repo_id or str(m.path),
+        (m.revision or "")[:8] or "local",
+        format_bytes(m.size_on_disk),
+        str(f.quant_bits) if f.quant_bits else (f.dtype or "unknown"),
+        params(f.param_count),
+        _tokens(f.context_window),
+        f.tool_format or "none",
+        yes_no(f.thinking),
+        ago(m.last_used),
+    ]
+
+
+def print_local_models(console: Console, models: Sequence[LocalModel]) -> None:
+    """`mlx models list`: a table when it fits `console`, else a block per model."""
+    rows: list[list[Cell]] = [[_name(m), *_list_values(m)] for m in models]
+    labels = [c.header for c in LIST_COLUMNS[1:]]
+    records = [Record(_name(m), tuple(zip(labels, _list_values(m), strict=True))) for m in models]
+    print_report(console, LIST_COLUMNS, rows, records, title="Local MLX models")
+
+
+def _catalog_values(e: CatalogEntry) -> list[str]:
+    return [
+        e.kind,
+        e.params,
+        str(e.bits),
+        format_bytes(e.size_bytes),
+        f"{e.context_window:,}",
+        format_bytes(e.memory_bytes),
+        e.note,
+    ]
+
+
+def print_catalog(console: Console, entries: Sequence[CatalogEntry]) -> None:
+    """`mlx models catalog`: a table when it fits `console`, else a block per alias."""
+    rows: list[list[Cell]] = [
+        [Text(e.alias, style="bold"), e.repo_id, *_catalog_values(e)] for e in entries
+    ]
+    labels = [c.header for c in CATALOG_COLUMNS[2:]]
+    records = []
+    for e in entries:
+        heading = Text(e.alias, style="bold") + Text("  ") + Text(e.repo_id)
+        pairs = zip(labels, _catalog_values(e), strict=True)
+        records.append(Record(heading, tuple((k, v) for k, v in pairs if v)))
+    print_report(console, CATALOG_COLUMNS, rows, records, title=CATALOG_TITLE)
+
+
+def catalog_json(entries: Sequence[CatalogEntry]) -> list[dict[str, Any]]:
+    """The catalog as JSON rows."""
+    return [
+        {
+            "alias": e.alias,
+            "repo_id": e.repo_id,
+            "kind": e.kind,
+            "params": e.params,
+            "bits": e.bits,
+            "size_bytes": e.size_bytes,
+            "context_window": e.context_window,
+            "memory_bytes": e.memory_bytes,
+            "note": e.note,
+        }
+        for e in entries
+    ]
+
+
+def info_json(model: LocalModel, *, test_model: bool = False) -> dict[str, Any]:
+    """Everything known about a local model, as one JSON document."""
+    features = template_features(read_chat_template(model.path))
+    return model.as_json() | {
+        "test_model": test_model,
+        "problems": model.facts.problems(),
+        "template_features": features.names(),
+        "files": sorted(p.name for p in model.path.iterdir()),
+        "memory": memory_fit(model.facts.weights_bytes).describe(),
+    }
+
+
+def _words(items: list[str]) -> str:
+    return ", ".join(items) or "none"
+
+
+def _architecture(model_type: str | None, supported: bool) -> str:
+    if model_type is None:
+        return "unknown (config.json names none)"
+    return f"{model_type} ({'mlx-lm supports it' if supported else 'not in this mlx-lm'})"
+
+
+def info_fields(data: dict[str, Any]) -> list[tuple[str, str]]:
+    """`info_json`'s document as labelled values in words, in reading order."""
+    refs = _words(data["refs"])
+    return [
+        ("alias", data["alias"] or "none"),
+        ("repo", data["repo_id"] or "none (a local directory)"),
+        ("source", data["source"]),
+        ("path", data["path"]),
+        ("revision", f"{data['revision']} ({refs})" if data["revision"] else "none"),
+        ("size on disk", format_bytes(int(data["size_on_disk"]))),
+        ("complete", yes_no(data["complete"])),
+        ("architecture", _architecture(data["model_type"], data["architecture_supported"])),
+        ("bits", str(data["quant_bits"] or "none")),
+        ("dtype", data["dtype"] or "unknown"),
+        ("params", params(data["param_count"])),
+        ("context", _tokens(data["context_window"])),
+        ("tool format", data["tool_format"] or "none found"),
+        ("thinking", yes_no(data["thinking"])),
+        ("template", _words(data["template_features"])),
+        ("memory", data["memory"]),
+        ("problems", "; ".join(data["problems"]) or "none"),
+        ("last used", ago(data["last_used"])),
+        ("files", _words(data["files"])),
+    ]
+
+
+def print_info(console: Console, heading: Text, fields: list[tuple[str, str]]) -> None:
+    """`mlx models info`: one aligned `label value` line per field, values wrapped whole."""
+    print_lines(console, record_blocks([Record(heading, tuple(fields))], console.width, pack=False))

@@ -1,0 +1,145 @@
+"""The `demo` model's replies: short, fixed and honest, with a real tool round trip.
+
+The demo model has random weights, so left alone it writes noise until its output cap. Instead
+its replies are scripted at the model boundary (like the tests' :class:`ScriptedOutput`), chosen
+from the request: a greeting that says what the demo is, a Bash tool call when asked to create a
+file or run a command, a report of the tool's result when it comes back, and JSON that fits a
+requested schema (Claude Code's session-title request). Everything after the logits — sampling,
+the tool-call parser, streaming, the prefix cache, Claude Code itself — runs for real.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from typing import Any
+
+from mlxlaunch.engine.types import ChatMessage, GenerationRequest
+from mlxlaunch.testing.scripted import ForcedTokens, LogitsProcessor, eos_token_id_of
+
+DEMO_FILE_TEXT = "Hello from the mlxlaunch demo"
+DEFAULT_DEMO_FILE = "hello.txt"
+
+# Claude Code wraps context it adds to a user turn in these; they are not what the user typed.
+_REMINDER = re.compile(r"<system-reminder>.*?</system-reminder>", re.DOTALL)
+_BACKTICKED = re.compile(r"`([^`\n]+)`")
+_FILE_NAME = re.compile(r"\b([\w][\w.-]*\.[A-Za-z0-9]{1,8})\b")
+_WANTS_TOOL = re.compile(
+    r"\b(create|write|make|touch|save|run|execute|bash|shell|command|tool|file)\b", re.I
+)
+# How much of a tool's output the reply quotes back.
+_QUOTE_CHARS = 160
+
+
+def greeting(pull_hint: str | None) -> str:
+    """The demo's answer to anything that is not a tool request."""
+    real = (
+        f"For real work pull a model (`{pull_hint}`) and launch it with "
+        "`mlx launch claude --model <name>`."
+        if pull_hint
+        else "For real work pick a model (`mlx models catalog`) and pull it with "
+        "`mlx models pull <name>`."
+    )
+    return (
+        "Hi! I am mlxlaunch's demo model: random weights with scripted replies, so what you see "
+        "is the real plumbing (server, streaming, prefix cache, tool calls) and none of it is "
+        'intelligence. Ask me to "create a file hello.txt" to see a tool round trip. ' + real
+    )
+
+
+def last_user_text(messages: list[ChatMessage]) -> str:
+    """What the user last typed, without the reminders Claude Code adds to the turn."""
+    for message in reversed(messages):
+        if message.role == "user":
+            return _REMINDER.sub("", message.content).strip()
+    return ""
+
+
+def demo_command(prompt: str) -> str:
+    """The shell command the demo runs for a prompt: a backticked command if the user gave
+    one, else writing a small file named in the prompt (or ``hello.txt``)."""
+    quoted = _BACKTICKED.search(prompt)
+    if quoted:
+        return quoted.group(1).strip()
+    named = _FILE_NAME.search(prompt)
+    name = named.group(1) if named else DEFAULT_DEMO_FILE
+    return f"echo {shlex.quote(DEMO_FILE_TEXT)} > {shlex.quote(name)}"
+
+
+def value_for(schema: Any) -> Any:
+    """A small value that satisfies the simple JSON schemas clients ask for."""
+    if not isinstance(schema, dict):
+        return "mlxlaunch demo"
+    for key in ("const",):
+        if key in schema:
+            return schema[key]
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][0]
+    for key in ("anyOf", "oneOf"):
+        options = schema.get(key)
+        if isinstance(options, list) and options:
+            return value_for(options[0])
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "object" or "properties" in schema:
+        properties = schema.get("properties") or {}
+        return {name: value_for(sub) for name, sub in properties.items()}
+    if kind == "array":
+        return []
+    if kind in ("integer", "number"):
+        return max(0, int(schema.get("minimum", 0)))
+    if kind == "boolean":
+        return False
+    if kind == "null":
+        return None
+    return "mlxlaunch demo"
+
+
+def tool_call_markup(name: str, arguments: dict[str, Any]) -> str:
+    """A call in the demo model's own (Qwen/Hermes) tool-call syntax."""
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+def reply_for(request: GenerationRequest, pull_hint: str | None = None) -> str:
+    """The demo's whole reply to one request, as the model would write it."""
+    # The demo's template opens a think span when thinking is on: close it with a short thought.
+    opening = "The demo answers from a script.\n</think>\n\n" if request.thinking else ""
+    if request.response_schema is not None:
+        body = json.dumps(value_for(request.response_schema), separators=(",", ":"))
+        return opening + body
+    last = request.messages[-1] if request.messages else None
+    if last is not None and last.role == "tool":
+        output = " ".join(last.content.split())
+        if len(output) > _QUOTE_CHARS:
+            output = output[:_QUOTE_CHARS] + "…"
+        outcome = "reported an error" if last.is_error else "ran"
+        shown = f": {output}" if output else " (no output)"
+        return opening + (
+            f"The {last.name or 'tool'} call {outcome}{shown}. That was a full tool round trip "
+            "through mlxlaunch: the call was parsed from the model's output, your client ran "
+            "it, and its result came back in the next request, which the prefix cache served "
+            "without prefilling the conversation again."
+        )
+    prompt = last_user_text(request.messages)
+    bash = next((t.name for t in request.tools if t.name.lower() == "bash"), None)
+    if bash is not None and _WANTS_TOOL.search(prompt) and request.tool_choice.mode != "none":
+        command = demo_command(prompt)
+        arguments = {"command": command, "description": "Run a command for the mlxlaunch demo"}
+        return opening + f"I will run `{command}`.\n" + tool_call_markup(bash, arguments)
+    return opening + greeting(pull_hint)
+
+
+class DemoReplies:
+    """The engine ``logits_hook`` for ``--model demo``: forces :func:`reply_for`'s text."""
+
+    def __init__(self, pull_hint: str | None = None) -> None:
+        self.pull_hint = pull_hint
+
+    def __call__(self, request: Any, tokenizer: Any) -> list[LogitsProcessor] | None:
+        if not isinstance(request, GenerationRequest):
+            return None
+        text = reply_for(request, self.pull_hint)
+        tokens = list(tokenizer.encode(text, add_special_tokens=False))
+        return [ForcedTokens(tokens, eos_token_id_of(tokenizer))]
