@@ -6,6 +6,7 @@ Keep this file small and general; rooms add their own fixtures in their own test
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,6 +18,12 @@ from mlxlaunch.blas import use_optimised_blas
 # First, before any test imports mlx: libmlx binds its matmul to the first BLAS loaded, so the
 # suite runs on an installed OpenBLAS like `mlx` does, and on the reference BLAS without one.
 BLAS = use_optimised_blas()
+
+# A suite started in the background by a non-interactive shell (`cmd &`, nohup) inherits SIGINT
+# ignored, and so would every `mlx serve` a test starts, deaf to the Ctrl-C the test sends.
+# A handler here is reset to the default in children at exec, where Python installs its own.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_report_header() -> str:
@@ -85,8 +92,6 @@ _GUARDED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGTTOU", "SIGTSTP", "SIGCON
 
 @pytest.fixture(autouse=True)
 def _signal_handlers_are_restored() -> Iterator[None]:
-    import signal
-
     guarded = [getattr(signal, name) for name in _GUARDED_SIGNALS]
     before = {sig: signal.getsignal(sig) for sig in guarded}
     yield
@@ -100,15 +105,22 @@ def _signal_handlers_are_restored() -> Iterator[None]:
     assert not changed, f"signal handlers left changed: {changed}"
 
 
+def _environment() -> dict[str, str]:
+    # pytest itself sets PYTEST_CURRENT_TEST for each phase of each test.
+    return {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+
+
 @pytest.fixture(autouse=True)
 def _environment_is_restored() -> Iterator[None]:
     # Child processes (`mlx serve`, `mlx launch`) inherit os.environ: a variable one test left
     # behind changes what every later test's children do. Use monkeypatch.setenv instead.
-    before = dict(os.environ)
+    before = _environment()
     yield
-    after = dict(os.environ)
-    if after != before:
-        os.environ.clear()
-        os.environ.update(before)
+    after = _environment()
     changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    for key in changed:  # put back either way, so one leak fails one test
+        if key in before:
+            os.environ[key] = before[key]
+        else:
+            os.environ.pop(key, None)
     assert not changed, f"environment variables left changed: {changed}"
