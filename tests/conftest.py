@@ -105,9 +105,13 @@ def _signal_handlers_are_restored() -> Iterator[None]:
     assert not changed, f"signal handlers left changed: {changed}"
 
 
+# Set by others, not by tests: pytest for each phase of each test, threadpoolctl when it is
+# first imported (the CPU attention imports it lazily).
+_NOT_LEAKS = {"PYTEST_CURRENT_TEST", "KMP_DUPLICATE_LIB_OK"}
+
+
 def _environment() -> dict[str, str]:
-    # pytest itself sets PYTEST_CURRENT_TEST for each phase of each test.
-    return {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    return {k: v for k, v in os.environ.items() if k not in _NOT_LEAKS}
 
 
 @pytest.fixture(autouse=True)
