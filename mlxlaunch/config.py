@@ -19,7 +19,7 @@ from typing import Any
 
 import platformdirs
 
-from mlxlaunch.engine.sweeper import parse_duration
+from mlxlaunch.engine.settings import parse_duration
 from mlxlaunch.errors import ConfigError
 
 CONFIG_DIR_ENV = "MLXLAUNCH_CONFIG_DIR"

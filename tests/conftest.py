@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from model_backed import model_backed
 
 from mlxlaunch.blas import use_optimised_blas
 
@@ -24,6 +25,20 @@ BLAS = use_optimised_blas()
 # A handler here is reset to the default in children at exec, where Python installs its own.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Model-backed tests carry the `slow` marker, so `pytest -m "not slow"` stays quick; one
+    without it fails here, before its fixtures build anything (see tests/model_backed.py)."""
+    if item.get_closest_marker("slow") is not None or not isinstance(item, pytest.Function):
+        return
+    if model_backed(item.function, item.fixturenames, vars(item.module)):
+        pytest.fail(
+            f"{item.nodeid} builds, loads or serves a model: mark it @pytest.mark.slow "
+            "(a module whose tests all do: pytestmark = pytest.mark.slow)",
+            pytrace=False,
+        )
 
 
 def pytest_report_header() -> str:

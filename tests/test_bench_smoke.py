@@ -11,7 +11,11 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
+
 from mlxlaunch.bench.summary import WORKLOADS
+
+pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model
 
 REPORT_FIELDS = {
     "schema", "date", "elapsed_s", "config", "machine", "model", "targets", "ours", "peer",

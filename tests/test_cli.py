@@ -182,9 +182,7 @@ def test_models_list_with_debug_runs_end_to_end(tmp_path: Path) -> None:
 def test_commands_are_registered_only_in_main() -> None:
     """Importing a command module registers nothing; cli/main.py's table does it all."""
     modules = sorted(
-        m.name
-        for m in pkgutil.iter_modules(mlxlaunch.cli.__path__)
-        if m.name != "main"
+        m.name for m in pkgutil.iter_modules(mlxlaunch.cli.__path__) if m.name != "main"
     )
     code = (
         "import importlib, mlxlaunch.cli.app as a\n"

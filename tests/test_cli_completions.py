@@ -46,6 +46,7 @@ def _bash(words: list[str], env: dict[str, str]) -> list[str]:
     return [line for line in proc.stdout.splitlines() if line]
 
 
+@pytest.mark.slow
 def test_model_option_completes_test_catalog_and_local_models(store: dict[str, str]) -> None:
     names = _bash(["mlx", "serve", "--model", ""], store)
     assert {"demo", "tiny", *(e.alias for e in CATALOG), *LOCAL} <= set(names)
@@ -60,6 +61,7 @@ def test_options_complete_after_an_option_value(store: dict[str, str]) -> None:
     assert _bash(["mlx", "models", "list", "--de"], store) == ["--debug"]
 
 
+@pytest.mark.slow
 def test_model_arguments_complete_names_and_commands_still_complete(
     store: dict[str, str],
 ) -> None:
@@ -91,6 +93,7 @@ def test_zsh_script_completes_values_and_options(store: dict[str, str]) -> None:
     assert files == "files"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("fish") is None, reason="fish is not installed")
 def test_fish_script_completes_values_and_options(store: dict[str, str]) -> None:
     def complete(line: str) -> list[str]:

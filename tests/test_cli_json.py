@@ -12,7 +12,7 @@ import pytest
 from local_store import write_store
 
 from mlxlaunch.cli.main import main
-from mlxlaunch.cli.models import offline_model_dir
+from mlxlaunch.launch.models import offline_model_dir
 from mlxlaunch.store import CATALOG
 
 CHECK_KEYS = {"name", "status", "detail", "fix"}
@@ -107,6 +107,7 @@ def test_info_on_a_test_model_not_built_yet(
     assert not (tmp_path / "test-models").exists()  # info never builds one
 
 
+@pytest.mark.slow
 def test_info_on_a_built_test_model_shows_its_facts(
     tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -18,7 +18,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.sample_utils import make_sampler
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from mlxlaunch.engine.constrain import (
+from mlxlaunch.engine.decoding.grammar import (
     GrammarConstraint,
     GrammarLogitsProcessor,
     JsonConstraint,
@@ -26,6 +26,8 @@ from mlxlaunch.engine.constrain import (
 )
 from mlxlaunch.engine.types import InvalidRequest
 from mlxlaunch.testing import ensure_test_model
+
+pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model
 
 SCHEMAS: list[dict[str, Any]] = [
     {  # Claude Code's session-title schema, with its string bounded

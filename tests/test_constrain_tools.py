@@ -13,10 +13,12 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.tool_parsers import json_tools, qwen3_coder
 from test_constrain import allowed_ids, generate, prompt_tokens
 
-from mlxlaunch.engine.constrain import GrammarConstraint, llg_tokenizer
-from mlxlaunch.engine.constrain_tools import supported_families, tool_call_constraint
+from mlxlaunch.engine.decoding.grammar import GrammarConstraint, llg_tokenizer
+from mlxlaunch.engine.decoding.tool_grammar import supported_families, tool_call_constraint
 from mlxlaunch.engine.types import InvalidRequest, ToolChoice, ToolSpec
 from mlxlaunch.testing import ensure_test_model
+
+pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model
 
 WEATHER = ToolSpec(
     "get_weather",

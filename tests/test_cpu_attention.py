@@ -1,8 +1,9 @@
-"""The CPU attention (engine/cpu_attention.py) against MLX's own, and in the engine."""
+"""The CPU attention (engine/runtime/cpu_attention.py) against MLX's own, and in the engine."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import mlx.core as mx
@@ -11,8 +12,15 @@ import pytest
 from mlx_lm.models import base
 from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache
 
-from mlxlaunch.engine import cpu_attention
-from mlxlaunch.engine.cpu_attention import attention, block_rows, covers, plain_mask
+from mlxlaunch.engine.runtime import cpu_attention
+from mlxlaunch.engine.runtime.cpu_attention import attention, block_rows, covers, plain_mask
+
+
+@pytest.fixture
+def undo_install() -> Iterator[None]:
+    """For tests that install the CPU attention: what it patched process-wide is put back."""
+    yield
+    cpu_attention.uninstall()
 
 
 def reference(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: object) -> mx.array:
@@ -107,7 +115,9 @@ def test_reads_a_caches_slice_of_a_larger_buffer() -> None:
     assert_as_accurate(got, want, float64_reference(q, k, v, 0.25, "causal"))
 
 
-def test_small_blocks_and_threads_give_the_same_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_small_blocks_and_threads_give_the_same_answer(
+    monkeypatch: pytest.MonkeyPatch, undo_install: None
+) -> None:
     # Many blocks of a few rows each, spread over the task threads: the rows of every block
     # must land in their own place, with the causal edge of each block right.
     cpu_attention.install()
@@ -156,7 +166,7 @@ def test_what_it_leaves_to_mlx_lm() -> None:
     assert not covers(q, k, Quantized(), "causal", None)  # quantized KV cache
 
 
-def test_numpys_blas_is_held_to_one_thread_beside_the_task_threads() -> None:
+def test_numpys_blas_is_held_to_one_thread_beside_the_task_threads(undo_install: None) -> None:
     from threadpoolctl import threadpool_info
 
     cpu_attention.install()
@@ -208,7 +218,7 @@ def test_the_replacement_matches_mlx_lm_on_batch_masks(padding: int) -> None:
 
 
 def test_install_replaces_mlx_lm_attention_in_model_modules(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, undo_install: None
 ) -> None:
     import mlx_lm.models.qwen3 as qwen3
 
@@ -226,8 +236,9 @@ def test_install_replaces_mlx_lm_attention_in_model_modules(
     assert sys.modules["mlx_lm.models.qwen3"].scaled_dot_product_attention is original
 
 
+@pytest.mark.slow
 def test_a_prefills_last_layer_is_left_lazy_and_right_if_read(
-    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, undo_install: None
 ) -> None:
     # mlx-lm prefills by evaluating the caches only: the last layer's attention output is
     # never read, and MLX's lazy graph skips it. Eager attention there would be wasted work.
@@ -262,3 +273,61 @@ def test_a_prefills_last_layer_is_left_lazy_and_right_if_read(
     monkeypatch.setattr(qwen3, "scaled_dot_product_attention", with_original)
     want = model(prompt, cache=fresh)
     assert mx.allclose(logits, want, rtol=1e-4, atol=1e-5).item()
+
+
+def _numpy_blas_threads() -> dict[str, int]:
+    from threadpoolctl import threadpool_info
+
+    numpy_dir = np.__file__.rsplit("/", 2)[0]
+    return {
+        i["filepath"]: i["num_threads"]
+        for i in threadpool_info()
+        if i["user_api"] == "blas" and i["filepath"].startswith(numpy_dir + "/numpy")
+    }
+
+
+@pytest.mark.slow
+def test_uninstall_puts_back_everything_install_changed(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, undo_install: None
+) -> None:
+    import mlx_lm.models.qwen3 as qwen3
+    from mlx_lm import load
+
+    if not cpu_attention.enabled():
+        pytest.skip("CPU attention is for the CPU backend")
+    cpu_attention.uninstall()  # whatever an earlier engine in this process installed
+    original = base.scaled_dot_product_attention
+    assert qwen3.scaled_dot_product_attention is original
+    model = load(str(tiny_model_dir))[0]
+    model_class = type(model)
+    own_forward = vars(model_class)["__call__"]
+    threads = _numpy_blas_threads()
+    assert cpu_attention.install(model) >= 1
+    assert qwen3.scaled_dot_product_attention is not original
+    assert model_class.__call__ is not own_forward
+    assert cpu_attention.uninstall() >= 1
+    assert qwen3.scaled_dot_product_attention is original
+    assert vars(model_class)["__call__"] is own_forward
+    assert _numpy_blas_threads() == threads
+    assert cpu_attention.uninstall() == 0  # nothing left to undo
+    # And it can be installed again, as the next model load does.
+    assert cpu_attention.install(model) >= 1
+    assert model_class.__call__ is not own_forward
+
+
+def test_uninstall_leaves_an_inherited_forward_inherited(undo_install: None) -> None:
+    if not cpu_attention.enabled():
+        pytest.skip("CPU attention is for the CPU backend")
+
+    class Parent:
+        def __call__(self, inputs: object, cache: object = None) -> str:
+            return "parent"
+
+    class Child(Parent):
+        pass
+
+    cpu_attention.install(Child())
+    assert "__call__" in vars(Child)
+    cpu_attention.uninstall()
+    assert "__call__" not in vars(Child)
+    assert Child()(1) == "parent"

@@ -82,6 +82,7 @@ def table(app: DashApp) -> DataTable[str]:
     return app.query_one("#requests", DataTable)
 
 
+@pytest.mark.slow
 async def test_panels_show_the_requests_the_test_made(served: Served) -> None:
     app = DashApp(lambda: served.address, retry_s=0.2)
     async with app.run_test(size=SIZE) as pilot:
@@ -101,10 +102,11 @@ async def test_panels_show_the_requests_the_test_made(served: Served) -> None:
         assert re.search(r"completed\s+3\n", text_of(app, "#requests-card"))
         assert "loaded" in text_of(app, "#model-card")
         output = sum(m.usage.output_tokens for m in messages)
-        assert app.latest is not None and app.latest.generated_tokens == output
+        assert app.latest is not None and app.latest.counters.generated_tokens == output
         assert "● live" in text_of(app, "#status") and served.server.url in text_of(app, "#status")
 
 
+@pytest.mark.slow
 async def test_keys_pause_clear_switch_and_quit(served: Served) -> None:
     app = DashApp(lambda: served.address, retry_s=0.2)
     async with app.run_test(size=SIZE) as pilot:
@@ -141,6 +143,7 @@ async def test_keys_pause_clear_switch_and_quit(served: Served) -> None:
         assert not app.is_running
 
 
+@pytest.mark.slow
 async def test_server_gone_is_shown_and_retried(served: Served) -> None:
     app = DashApp(lambda: served.address, retry_s=0.2)
     async with app.run_test(size=SIZE) as pilot:
@@ -164,6 +167,7 @@ async def test_no_server_found_says_how_to_start_one(tmp_path: Path) -> None:
         assert "mlx launch claude" in text_of(app, "#status")
 
 
+@pytest.mark.slow
 async def test_finds_the_server_through_its_state_file(served: Served, tmp_path: Path) -> None:
     write_state(
         RunState(
@@ -187,6 +191,7 @@ async def test_finds_the_server_through_its_state_file(served: Served, tmp_path:
         assert app.address == served.address and app.latest is not None
 
 
+@pytest.mark.slow
 async def test_a_wrong_token_is_reported(served: Served) -> None:
     app = DashApp(lambda: ServerAddress(served.server.url, "wrong"), retry_s=0.2)
     async with app.run_test(size=SIZE) as pilot:

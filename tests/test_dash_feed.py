@@ -1,4 +1,4 @@
-"""The dashboard's reading of the server: lenient snapshot parsing and the SSE feed."""
+"""The dashboard's reading of the server: snapshot parsing and the SSE feed."""
 
 from __future__ import annotations
 
@@ -6,27 +6,26 @@ import json
 
 import httpx
 import pytest
+from rich.text import Text
 
 from mlxlaunch.cli.main import main
 from mlxlaunch.dash.feed import ServerAddress, ServerUnreachable, StatsFeed
-from mlxlaunch.dash.panels import miss_text, short_id, short_model
-from mlxlaunch.dash.snapshot import StatsSnapshot, human_bytes, human_duration
+from mlxlaunch.dash.panels import miss_text, requests_card, short_id, short_model
+from mlxlaunch.dash.snapshot import human_bytes, human_duration
+from mlxlaunch.protocol.stats import CacheMiss, MissExcerpts, StatsSnapshot
 
 
-def test_snapshot_parsing_tolerates_missing_and_odd_fields() -> None:
-    snap = StatsSnapshot.from_json(
-        {"queue_depth": "x", "counters": [], "recent": [{"prompt_tokens": 7}, "junk"], "new": 1}
-    )
-    assert snap.queue_depth == 0 and snap.completed == 0 and snap.state == "unloaded"
+def test_snapshot_parsing_ignores_unknown_fields_and_reads_missing_ones_as_zero() -> None:
+    body = {
+        "counters": {"requests_overloaded": 2},
+        "recent": [{"prompt_tokens": 7, "added_later": 1}],
+        "added_later": {"x": 1},
+    }
+    snap = StatsSnapshot.model_validate_json(json.dumps(body))
+    assert snap.queue_depth == 0 and snap.counters.requests_completed == 0
+    assert snap.model.state == "unloaded" and snap.model.name is None
     assert [r.prompt_tokens for r in snap.recent] == [7]
-    assert snap.raw["new"] == 1
-    assert snap.too_busy == 0
-
-
-def test_overloaded_counter_is_preferred_for_429s_when_present() -> None:
-    counters = {"requests_refused": 5, "requests_overloaded": 2}
-    snap = StatsSnapshot.from_json({"counters": counters})
-    assert (snap.refused, snap.too_busy) == (5, 2)
+    assert "429 busy" in requests_card(snap) and snap.counters.requests_overloaded == 2
 
 
 def test_formatting_helpers() -> None:
@@ -36,7 +35,12 @@ def test_formatting_helpers() -> None:
     assert short_id("msg_0123456789abcdef0123") == "…789abcdef0123"
     assert short_id("msg_short") == "msg_short"
     assert "No cache miss" in miss_text(None)
-    assert "diverged" in miss_text({"reason": "diverged [at] 10"})
+    miss = CacheMiss(request_id="msg_1", kind="main", position=812, request_tokens=9_870)
+    assert "at token 812 of 9,870" in miss_text(miss)
+    assert "does not share prompt text" in miss_text(miss)
+    shared = miss.model_copy(update={"excerpts": MissExcerpts(cached="[b]fix", request="find")})
+    shown = Text.from_markup(miss_text(shared)).plain  # markup in a prompt shows as typed
+    assert "'[b]fix'" in shown and "'find'" in shown and "does not share" not in shown
 
 
 def _feed(handler: httpx.MockTransport) -> StatsFeed:
@@ -44,9 +48,11 @@ def _feed(handler: httpx.MockTransport) -> StatsFeed:
 
 
 async def test_feed_skips_torn_events_and_reports_the_stream_ending() -> None:
+    loaded = {"model": {"state": "loaded"}, "running": 2}
     body = (
         "event: stats\ndata: {not json\n\n"
-        f"event: stats\ndata: {json.dumps({'state': 'loaded', 'running': 2})}\n\n"
+        "event: other\ndata: {}\n\n"
+        f"event: stats\ndata: {json.dumps(loaded)}\n\n"
     )
 
     def reply(request: httpx.Request) -> httpx.Response:
@@ -58,7 +64,16 @@ async def test_feed_skips_torn_events_and_reports_the_stream_ending() -> None:
     with pytest.raises(ServerUnreachable, match="closed"):
         async for snapshot in _feed(httpx.MockTransport(reply)).follow():
             seen.append(snapshot)
-    assert [(s.state, s.running) for s in seen] == [("loaded", 2)]
+    assert [(s.model.state, s.running) for s in seen] == [("loaded", 2)]
+
+
+async def test_feed_says_when_the_server_speaks_another_snapshot_shape() -> None:
+    version_1 = {"version": 1, "model": "/models/qwen", "state": "loaded"}
+    body = f"event: stats\ndata: {json.dumps(version_1)}\n\n"
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, text=body))
+    with pytest.raises(ServerUnreachable, match="another mlxlaunch version"):
+        async for _ in _feed(transport).follow():
+            pass
 
 
 @pytest.mark.parametrize(

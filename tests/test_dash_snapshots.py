@@ -3,43 +3,72 @@
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable
 from typing import Any
 
 from textual.pilot import Pilot
 
 from mlxlaunch.dash.app import DashApp
-from mlxlaunch.dash.snapshot import StatsSnapshot
+from mlxlaunch.protocol.stats import STATS_VERSION, StatsSnapshot
 
 SIZE = (110, 36)
 Compare = Callable[..., bool]
 
 # A server snapshot as `GET /v1/stats` returns it, recorded from a Claude Code-like session.
 RECORDED: dict[str, Any] = {
-    "version": 1,
-    "model": "/models/mlx-community/Qwen3-Coder-30B-A3B-Instruct-4bit",
-    "state": "loaded",
+    "version": STATS_VERSION,
+    "time": 1_767_225_600.0,
+    "uptime_s": 754.0,
+    "model": {"name": "Qwen3-Coder-30B-A3B-Instruct-4bit", "state": "loaded"},
     "queue_depth": 1,
+    "queued_tokens": 9_870,
     "running": 2,
+    "prefill_tps": 0.0,
+    "decode_tps": 0.0,
+    "memory": {
+        "active_bytes": 18_340_000_000,
+        "cache_bytes": 1_200_000_000,
+        "limit_bytes": 0,
+    },
     "counters": {
         "requests_admitted": 14,
         "requests_refused": 2,
+        "requests_overloaded": 2,
         "requests_cancelled": 1,
+        "requests_deduplicated": 0,
         "requests_failed": 0,
         "requests_completed": 11,
         "prompt_tokens": 268_410,
         "cached_tokens": 231_077,
         "generated_tokens": 5_120,
+        "idle_cache_clears": 0,
+        "idle_unloads": 0,
     },
-    "memory_active_bytes": 18_340_000_000,
-    "memory_cache_bytes": 1_200_000_000,
     "cache": {
         "hit_ratio": 0.861,
-        "cached_tokens": 231_077,
         "bytes": 2_450_000_000,
+        "budget_bytes": 8_000_000_000,
+        "blocks": 412,
+        "evictions": 0,
+        "lookups": 14,
+        "hits": 10,
         "disk_bytes": 0,
+        "disk_entries": 0,
+        "disk_loads": 0,
+        "disk_saves": 0,
+        "disk_rejected": 0,
+        "warning": None,
+        "last_miss": {
+            "request_id": "msg_0103abcdef",
+            "kind": "subagent",
+            "position": 1_024,
+            "request_tokens": 9_870,
+            "nearest_tokens": 21_904,
+            "cached_tokens": 1_024,
+            "excerpts": None,
+        },
     },
-    "uptime_s": 754.0,
     "recent": [
         {
             "request_id": f"msg_01{i:02d}abcdef",
@@ -62,13 +91,6 @@ RECORDED: dict[str, Any] = {
             ]
         )
     ],
-    "last_miss": {
-        "request_id": "msg_0103abcdef",
-        "reason": "different system prompt (subagent)",
-        "matched_tokens": 1_024,
-        "prompt_tokens": 9_870,
-        "evicted_bytes": 0,
-    },
 }
 
 
@@ -77,7 +99,10 @@ def recorded(step: int) -> StatsSnapshot:
     data = copy.deepcopy(RECORDED)
     data["prefill_tps"] = float((step * 97) % 1_400)
     data["decode_tps"] = 30.0 + (step * 7) % 13
-    return StatsSnapshot.from_json(data)
+    # Every field, and no other, as the server sends it (tests/test_stats_wire.py).
+    snap = StatsSnapshot.model_validate_json(json.dumps(data), strict=True, extra="forbid")
+    assert snap.model_dump(mode="json") == data
+    return snap
 
 
 async def feed(pilot: Pilot[None]) -> None:

@@ -17,11 +17,11 @@ import pytest
 from engine_helpers import AGENT_TOOLS, run
 from mlx_lm.models.cache import KVCache
 
-from mlxlaunch.engine.cache_miss import common_prefix
+from mlxlaunch.engine.cache.disk import TMP_PREFIX, DiskCache, model_identity
+from mlxlaunch.engine.cache.misses import common_prefix
 from mlxlaunch.engine.config import EngineConfig
-from mlxlaunch.engine.disk_cache import TMP_PREFIX, DiskCache, model_identity
 from mlxlaunch.engine.engine import Engine
-from mlxlaunch.engine.render import PromptRenderer
+from mlxlaunch.engine.prompt.render import PromptRenderer
 from mlxlaunch.engine.types import (
     ChatMessage,
     GenerationRequest,
@@ -80,6 +80,7 @@ def saved_files(cache_dir: Path) -> list[Path]:
     return sorted(p for p in cache_dir.glob("*/*") if not p.name.startswith(TMP_PREFIX))
 
 
+@pytest.mark.slow
 async def test_a_restarted_engine_serves_a_new_session_from_the_saved_prefix(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -93,7 +94,7 @@ async def test_a_restarted_engine_serves_a_new_session_from_the_saved_prefix(
     plain = engine_for(tiny_model_dir, None, cache_memory_bytes=0)
     try:
         await restarted.load()  # warm start: the saved prefix is restored with the model
-        assert restarted.stats().cache.disk_loads == 1 and restarted.stats().cache_bytes > 0
+        assert restarted.stats().cache.disk_loads == 1 and restarted.stats().cache.bytes > 0
         done, text = await run(restarted, new_session)
         _, expected = await run(plain, new_session)
     finally:
@@ -103,6 +104,7 @@ async def test_a_restarted_engine_serves_a_new_session_from_the_saved_prefix(
     assert text == expected
 
 
+@pytest.mark.slow
 def test_a_new_server_process_reuses_the_saved_prefix(tiny_model_dir: Path, tmp_path: Path) -> None:
     import asyncio
 
@@ -135,6 +137,7 @@ def test_a_new_server_process_reuses_the_saved_prefix(tiny_model_dir: Path, tmp_
     assert 0 < cached == shared < prompt
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["corrupt", "truncate", "foreign"])
 async def test_a_damaged_or_foreign_file_is_removed_and_never_loaded(
     tiny_model_dir: Path, tmp_path: Path, damage: str
@@ -207,6 +210,7 @@ def test_entries_round_trip_and_other_models_are_kept_apart(tmp_path: Path) -> N
     assert DiskCache(tmp_path, "model-b", budget_bytes=1 << 30).entries == []
 
 
+@pytest.mark.slow
 def test_model_identity_follows_weights_not_paths(tiny_model_dir: Path, tmp_path: Path) -> None:
     copy = tmp_path / "copy"
     copy.mkdir()
@@ -216,6 +220,7 @@ def test_model_identity_follows_weights_not_paths(tiny_model_dir: Path, tmp_path
     assert model_identity(copy, ["RotatingKVCache"]) != model_identity(copy, ["KVCache"])
 
 
+@pytest.mark.slow
 async def test_warm_start_loads_once_and_an_early_request_waits_for_it(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:

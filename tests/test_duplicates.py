@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from engine_helpers import collect, text_of, wait_until
 
 from mlxlaunch.engine.config import EngineConfig
-from mlxlaunch.engine.duplicates import generation_key
 from mlxlaunch.engine.engine import Engine
+from mlxlaunch.engine.scheduling.duplicates import generation_key
 from mlxlaunch.engine.types import (
     Admitted,
     ChatMessage,
@@ -79,6 +80,7 @@ def test_the_key_ignores_ids_and_sees_every_generation_setting() -> None:
 # --- the engine ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_a_duplicate_joins_the_running_generation_with_a_replay(
     engine: Engine, scripted: ScriptedOutput
 ) -> None:
@@ -102,6 +104,7 @@ async def test_a_duplicate_joins_the_running_generation_with_a_replay(
     assert engine.stats().counters.requests_admitted == 2
 
 
+@pytest.mark.slow
 async def test_one_listener_leaving_does_not_stop_the_others(
     engine: Engine, scripted: ScriptedOutput
 ) -> None:
@@ -121,6 +124,7 @@ async def test_one_listener_leaving_does_not_stop_the_others(
     assert engine.stats().counters.requests_cancelled == 1
 
 
+@pytest.mark.slow
 async def test_cancel_by_id_ends_only_that_listener(
     engine: Engine, scripted: ScriptedOutput
 ) -> None:
@@ -142,6 +146,7 @@ async def test_cancel_by_id_ends_only_that_listener(
     assert engine.stats().counters.requests_cancelled == 1
 
 
+@pytest.mark.slow
 async def test_different_requests_are_not_shared(engine: Engine, scripted: ScriptedOutput) -> None:
     scripted.enqueue("one answer")
     scripted.enqueue("another answer")
@@ -156,6 +161,7 @@ async def test_different_requests_are_not_shared(engine: Engine, scripted: Scrip
 # --- over HTTP ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_identical_http_requests_are_served_from_one_generation(
     tiny_model_dir: Path,
 ) -> None:

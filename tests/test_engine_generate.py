@@ -28,6 +28,8 @@ from mlxlaunch.engine.types import (
 )
 from mlxlaunch.testing.scripted import ScriptedOutput
 
+pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model
+
 GREEDY = Sampling(temperature=0.0)
 
 

@@ -8,7 +8,7 @@ import pytest
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-from mlxlaunch.engine.render import (
+from mlxlaunch.engine.prompt.render import (
     PromptRenderer,
     ends_inside_span,
     message_to_template,
@@ -79,6 +79,7 @@ def test_messages_take_the_chat_template_shape() -> None:
     }
 
 
+@pytest.mark.slow
 def test_history_tools_and_results_are_rendered_in_client_order(
     renderer: PromptRenderer,
 ) -> None:
@@ -90,6 +91,7 @@ def test_history_tools_and_results_are_rendered_in_client_order(
     assert text.startswith("<|im_start|>system\nYou are terse.")
 
 
+@pytest.mark.slow
 def test_rendering_is_deterministic_and_tokenized_once(renderer: PromptRenderer) -> None:
     first = renderer.render(conversation())
     second = renderer.render(conversation())
@@ -98,6 +100,7 @@ def test_rendering_is_deterministic_and_tokenized_once(renderer: PromptRenderer)
     assert tokenizer.decode(first.tokens) == renderer.render_text(conversation())
 
 
+@pytest.mark.slow
 def test_thinking_on_opens_a_span_and_off_closes_it(renderer: PromptRenderer) -> None:
     assert renderer.render(conversation(thinking=True)).opens_thinking
     off = renderer.render(conversation(thinking=False))

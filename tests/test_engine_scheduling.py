@@ -28,6 +28,8 @@ from mlxlaunch.engine.types import (
 from mlxlaunch.testing.failing import ForwardFailures, fail_forward
 from mlxlaunch.testing.scripted import ScriptedOutput
 
+pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model
+
 WORDS = " ".join(f"w{i}" for i in range(2000))  # a long script: thousands of tokens
 
 
@@ -293,7 +295,7 @@ async def test_requests_racing_the_first_load_all_succeed(
     make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Requests that arrive while the model loads wait for it, renderer and caches included."""
-    from mlxlaunch.engine.worker import Worker
+    from mlxlaunch.engine.scheduling.worker import Worker
 
     restore = Worker._make_prefix_cache
     restoring = threading.Event()

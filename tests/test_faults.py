@@ -32,6 +32,8 @@ from mlxlaunch.server.app import ServerSettings
 from mlxlaunch.server.runner import ServerHandle, start_server
 from mlxlaunch.testing.failing import ForwardFailures, fail_forward
 
+pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model
+
 TOKEN = "faults-token"
 AUTH = {"x-api-key": TOKEN}
 # Leaked KV caches of the requests below would be several MiB; buffers MLX keeps for reuse

@@ -14,11 +14,12 @@ from mlx_lm.generate import BatchGenerator
 
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
-from mlxlaunch.engine.first_token import sampled_first_tokens
+from mlxlaunch.engine.scheduling.first_token import sampled_first_tokens
 from mlxlaunch.engine.types import ChatMessage, GenerationRequest, TextDelta
 from mlxlaunch.testing import ScriptedOutput
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prompts", [[[5, 6, 7, 8, 9]], [[5, 6, 7, 8, 9], [11, 12, 13]]])
 def test_the_token_read_ahead_is_the_one_the_generator_reports(
     tiny_model_dir: Path, prompts: list[list[int]]
@@ -48,6 +49,7 @@ def test_nothing_is_read_from_a_generator_it_does_not_know() -> None:
     assert sampled_first_tokens(object(), []) == {}
 
 
+@pytest.mark.slow
 async def test_the_first_text_does_not_wait_for_the_next_forward_pass(
     tiny_model_dir: Path,
 ) -> None:

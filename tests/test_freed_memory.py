@@ -1,4 +1,4 @@
-"""engine/freed_memory.py: freed buffers reused without page faults, handed back on release.
+"""engine/runtime/freed_memory.py: freed buffers reused without page faults, handed back on release.
 
 Each case runs in a fresh process: the allocator's settings are process-wide.
 """
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(
 # after a prefill chunk, then the same sizes again: page faults of the second round.
 _SCRIPT = """
 import resource, sys
-from mlxlaunch.engine import freed_memory
+from mlxlaunch.engine.runtime import freed_memory
 if sys.argv[1] == "keep":
     assert freed_memory.keep()
 import mlx.core as mx

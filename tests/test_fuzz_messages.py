@@ -271,6 +271,7 @@ def _check(client: httpx.Client, statuses: Counter[str], endpoint: str, content:
         statuses["200"] += 1
 
 
+@pytest.mark.slow
 @FUZZ_SETTINGS
 @given(body=mutated_bodies(), endpoint=st.sampled_from(ENDPOINTS))
 def test_mutated_valid_requests(
@@ -280,6 +281,7 @@ def test_mutated_valid_requests(
     _check(client, statuses, endpoint, json.dumps(_bounded(body)).encode())
 
 
+@pytest.mark.slow
 @settings(FUZZ_SETTINGS, max_examples=50)
 @given(body=json_values, endpoint=st.sampled_from(ENDPOINTS))
 def test_random_json(
@@ -289,6 +291,7 @@ def test_random_json(
     _check(client, statuses, endpoint, json.dumps(body).encode())
 
 
+@pytest.mark.slow
 @settings(FUZZ_SETTINGS, max_examples=30)
 @given(raw=st.binary(max_size=200) | st.text(max_size=200).map(str.encode))
 def test_garbage_bytes(fuzz_target: tuple[httpx.Client, Counter[str]], raw: bytes) -> None:

@@ -45,6 +45,7 @@ def hub(
         yield server
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_pull_from_a_hub_that_never_answers_fails_in_seconds_with_the_reason(
     tmp_path: Path,
@@ -90,6 +91,7 @@ def test_plan_against_a_silent_hub_is_a_typed_timeout(hub_cache: Path) -> None:
     assert elapsed < BOUND_S
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_download_that_stalls_mid_body_times_out_and_the_next_pull_resumes(
     hub: FakeHub, hub_cache: Path
@@ -113,6 +115,7 @@ def test_a_download_that_stalls_mid_body_times_out_and_the_next_pull_resumes(
     assert [m.repo_id for m in list_models()] == [TINY_REPO]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_mlx_models_pull_reports_a_stalled_download(
     hub: FakeHub, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

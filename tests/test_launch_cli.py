@@ -79,6 +79,7 @@ def _port_is_free(url: str) -> bool:
     return True
 
 
+@pytest.mark.slow
 def test_environment_wiring_exit_code_and_cleanup(
     world: dict[str, Path], tiny_model_dir: Path
 ) -> None:
@@ -157,6 +158,7 @@ def test_environment_wiring_exit_code_and_cleanup(
     assert _port_is_free(url)
 
 
+@pytest.mark.slow
 def test_claude_reaches_our_server_and_the_log_shows_the_request(
     world: dict[str, Path], tiny_model_dir: Path
 ) -> None:
@@ -186,6 +188,7 @@ def test_claude_reaches_our_server_and_the_log_shows_the_request(
     assert message_id not in done.stderr and message_id not in done.stdout
 
 
+@pytest.mark.slow
 def test_sigint_reaches_claude_and_state_file_lives_only_while_running(
     world: dict[str, Path], tiny_model_dir: Path
 ) -> None:
@@ -237,6 +240,7 @@ def test_sigint_reaches_claude_and_state_file_lives_only_while_running(
         launcher.communicate()
 
 
+@pytest.mark.slow
 def test_missing_claude_says_how_to_install(world: dict[str, Path], tiny_model_dir: Path) -> None:
     env = _env(world, PATH=str(world["bin"].parent / "empty"))
     done = _mlx(["launch", "claude", "--model", str(tiny_model_dir)], env)
@@ -248,6 +252,7 @@ def test_missing_claude_says_how_to_install(world: dict[str, Path], tiny_model_d
     assert not (world["home"] / "logs").exists()  # failed before anything started
 
 
+@pytest.mark.slow
 def test_no_model_names_the_pull_command(world: dict[str, Path]) -> None:
     env = _env(world, PATH=f"{world['bin']}{os.pathsep}{os.environ['PATH']}")
     done = _mlx(["launch", "claude"], env)
@@ -260,6 +265,7 @@ def test_no_model_names_the_pull_command(world: dict[str, Path]) -> None:
     assert "cannot reach the hub at http://127.0.0.1:9" in offline.stderr
 
 
+@pytest.mark.slow
 def test_default_model_setting_is_used(world: dict[str, Path], tiny_model_dir: Path) -> None:
     env = _env(world, PATH=f"{world['bin']}{os.pathsep}{os.environ['PATH']}")
     assert _mlx(["config", "set", "default-model", str(tiny_model_dir)], env).returncode == 0
@@ -272,6 +278,7 @@ def test_default_model_setting_is_used(world: dict[str, Path], tiny_model_dir: P
     assert child["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "16384"
 
 
+@pytest.mark.slow
 def test_print_env_without_a_server_or_with_url_and_token(world: dict[str, Path]) -> None:
     missing = _mlx(["launch", "claude", "--print-env"], _env(world))
     assert missing.returncode != 0
@@ -298,6 +305,7 @@ def test_print_env_without_a_server_or_with_url_and_token(world: dict[str, Path]
     assert "export CLAUDE_CODE_MAX_CONTEXT_TOKENS=32768" in lines
 
 
+@pytest.mark.slow
 def test_test_models_get_a_short_output_budget(world: dict[str, Path]) -> None:
     """Random-weight models rarely stop on their own: the demo must not stream noise for minutes."""
     done = _mlx(
@@ -341,6 +349,7 @@ def _mlx_on_a_terminal(
     return process.returncode, stderr
 
 
+@pytest.mark.slow
 def test_on_a_terminal_it_offers_to_pull_the_recommended_model(world: dict[str, Path]) -> None:
     env = _env(
         world,
@@ -376,6 +385,7 @@ def test_piped_output_is_refused_before_anything_starts(world: dict[str, Path]) 
     assert not (world["home"] / "logs").exists() and not (world["home"] / "run").exists()
 
 
+@pytest.mark.slow
 def test_on_a_terminal_it_offers_to_install_claude_code(
     world: dict[str, Path], tiny_model_dir: Path
 ) -> None:

@@ -35,6 +35,7 @@ def _local(
     )
 
 
+@pytest.mark.slow
 def test_explicit_name_wins_and_test_models_resolve(tiny_model_dir: Path) -> None:
     chosen = choose_model(
         "tiny",
@@ -47,6 +48,7 @@ def test_explicit_name_wins_and_test_models_resolve(tiny_model_dir: Path) -> Non
     assert chosen.context_window(4096) == 4096
 
 
+@pytest.mark.slow
 def test_default_model_setting_comes_next(tiny_model_dir: Path) -> None:
     chosen = choose_model(
         None,
@@ -57,6 +59,7 @@ def test_default_model_setting_comes_next(tiny_model_dir: Path) -> None:
     assert chosen.served_id == tiny_model_dir.name  # a path is named by its directory
 
 
+@pytest.mark.slow
 def test_best_local_model_fits_memory_and_prefers_catalog_rank(tiny_model_dir: Path) -> None:
     models = [
         _local("huge", tiny_model_dir, 40 * GIB),

@@ -22,9 +22,11 @@ import pytest
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
 from mlxlaunch.protocol.grammar import check_stream
-from mlxlaunch.protocol.sse import parse_frames
+from mlxlaunch.protocol.sse import iter_frames
 from mlxlaunch.server.app import ServerSettings
 from mlxlaunch.server.runner import start_server
+
+pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model
 
 TOKEN = "load-token"
 REQUESTS = 200
@@ -58,13 +60,13 @@ def _one(client: httpx.Client, n: int) -> Outcome:
             assert response.json()["error"]["type"] == "rate_limit_error"
             assert int(response.headers["retry-after"]) >= 1
             return Outcome(429, total_s=time.monotonic() - started)
-        lines = []
-        for line in response.iter_lines():
+        frames = []
+        for frame in iter_frames(response.iter_lines()):
             # The first block starts with the first token the model produced.
-            if ttft is None and line.startswith("event: content_block_start"):
+            if ttft is None and frame.event == "content_block_start":
                 ttft = time.monotonic() - started
-            lines.append(line)
-    summary = check_stream(parse_frames("\n".join(lines) + "\n"))
+            frames.append(frame)
+    summary = check_stream(frames)
     assert summary.error is None, summary.error
     assert summary.stop_reason in ("end_turn", "max_tokens")
     assert (ttft is not None) == bool(summary.blocks)  # no blocks: end-of-sequence came first

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from mlxlaunch.engine.system_turns import (
+from mlxlaunch.engine.prompt.system_turns import (
     INSTRUCTION_OPEN,
     SystemTurns,
     fold_system_turns,

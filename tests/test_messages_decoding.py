@@ -9,9 +9,9 @@ import mlx.core as mx
 import pytest
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-from mlxlaunch.engine.constrain import JsonConstraint
-from mlxlaunch.engine.decoding import NO_PLAN, needs_plan, plan_decoding
-from mlxlaunch.engine.thinking import ThinkingBudget
+from mlxlaunch.engine.decoding.grammar import JsonConstraint
+from mlxlaunch.engine.decoding.plan import NO_PLAN, needs_plan, plan_decoding
+from mlxlaunch.engine.decoding.thinking import ThinkingBudget
 from mlxlaunch.engine.types import (
     ChatMessage,
     GenerationRequest,
@@ -47,11 +47,13 @@ def _plan(tokenizer: Any, family: str | None = "json_tools", **fields: Any) -> A
     )
 
 
+@pytest.mark.slow
 def test_plain_requests_need_no_plan(tokenizer: Any) -> None:
     assert not needs_plan(_request(tools=[TOOL]))
     assert _plan(tokenizer, tools=[TOOL]) == NO_PLAN and NO_PLAN.processors() == []
 
 
+@pytest.mark.slow
 def test_which_constraint_applies(tokenizer: Any) -> None:
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     assert isinstance(_plan(tokenizer, response_schema=schema).constraint, JsonConstraint)
@@ -66,6 +68,7 @@ def test_which_constraint_applies(tokenizer: Any) -> None:
         _plan(tokenizer, response_schema={"type": "object", "properties": {"a": {"type": 7}}})
 
 
+@pytest.mark.slow
 def test_processors_are_fresh_per_sequence(tokenizer: Any) -> None:
     plan = _plan(tokenizer, response_schema={"type": "boolean"}, thinking=True, thinking_budget=3)
     first, second = plan.processors(), plan.processors()

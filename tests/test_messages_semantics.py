@@ -18,7 +18,7 @@ from mlx_lm.tokenizer_utils import load as load_tokenizer
 
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
-from mlxlaunch.engine.render import PromptRenderer
+from mlxlaunch.engine.prompt.render import PromptRenderer
 from mlxlaunch.engine.types import (
     ChatMessage,
     Done,
@@ -31,6 +31,8 @@ from mlxlaunch.protocol.grammar import check_stream
 from mlxlaunch.protocol.sse import parse_frames
 from mlxlaunch.server.runner import ServerHandle, start_server
 from mlxlaunch.testing.scripted import ScriptedOutput
+
+pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model
 
 BASH = {
     "name": "Bash",

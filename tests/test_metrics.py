@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +16,12 @@ from engine_helpers import served_engine
 from prometheus_client.parser import text_string_to_metric_families
 
 from mlxlaunch.engine.engine import Engine
+from mlxlaunch.engine.stats import EngineStats, StatsBook
+from mlxlaunch.protocol.sse import SseFrame, iter_frames, parse_frames
+from mlxlaunch.protocol.stats import STATS_EVENT, STATS_VERSION, StatsSnapshot
 from mlxlaunch.server.app import ServerSettings
-from mlxlaunch.server.metrics import EngineCollector
 from mlxlaunch.server.runner import ServerHandle, start_server
-from mlxlaunch.server.stats_routes import build_snapshot, close_streams
+from mlxlaunch.server.stats_routes import close_streams
 
 TOKEN = "metrics-token"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
@@ -67,6 +68,7 @@ def value(
 # --- auth ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["/metrics", "/v1/stats", "/v1/stats/stream"])
 def test_stats_routes_refuse_requests_without_the_token(served: Served, path: str) -> None:
     for headers in ({}, {"authorization": "Bearer wrong"}, {"x-api-key": "nope"}):
@@ -75,6 +77,7 @@ def test_stats_routes_refuse_requests_without_the_token(served: Served, path: st
         assert response.json()["error"]["type"] == "authentication_error"
 
 
+@pytest.mark.slow
 def test_metrics_accepts_the_token_either_way(served: Served) -> None:
     assert served.get("/metrics", headers=AUTH).status_code == 200
     assert served.get("/metrics", headers={"x-api-key": TOKEN}).status_code == 200
@@ -83,6 +86,7 @@ def test_metrics_accepts_the_token_either_way(served: Served) -> None:
 # --- /metrics -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_metrics_parse_and_counters_move_by_the_requests_made(served: Served) -> None:
     before = samples(served.get("/metrics", headers=AUTH).text)
     messages = [served.ask(max_tokens=n) for n in (2, 4)]
@@ -125,10 +129,11 @@ def test_metrics_parse_and_counters_move_by_the_requests_made(served: Served) ->
 # --- /v1/stats and the stream ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_stats_snapshot_lists_the_requests_with_their_tokens(served: Served) -> None:
     message = served.ask(max_tokens=3)
     snap = served.get("/v1/stats", headers=AUTH).json()
-    assert snap["state"] == "loaded" and snap["version"] == 1
+    assert snap["model"]["state"] == "loaded" and snap["version"] == STATS_VERSION
     record = next(r for r in snap["recent"] if r["request_id"] == message.id)
     assert record["output_tokens"] == message.usage.output_tokens
     prompt = message.usage.input_tokens + (message.usage.cache_read_input_tokens or 0)
@@ -136,113 +141,54 @@ def test_stats_snapshot_lists_the_requests_with_their_tokens(served: Served) -> 
     assert record["kind"] in ("main", "subagent", "title", "other")
     assert record["model_alias"] == "local-x"
     assert record["ttft_s"] > 0
-    assert set(snap["cache"]) >= {"hit_ratio", "cached_tokens", "bytes", "disk_bytes"}
+    assert set(snap["cache"]) >= {"hit_ratio", "bytes", "disk_bytes", "last_miss"}
     assert snap["counters"]["requests_completed"] >= 1
 
 
+@pytest.mark.slow
 def test_stats_stream_sends_a_snapshot_about_every_second(served: Served) -> None:
-    events: list[dict[str, Any]] = []
+    events: list[StatsSnapshot] = []
     started = time.monotonic()
     with httpx.stream("GET", served.server.url + "/v1/stats/stream", headers=AUTH, timeout=10) as r:
         assert r.headers["content-type"].startswith("text/event-stream")
-        for line in r.iter_lines():
-            if line.startswith("data:"):
-                events.append(json.loads(line[5:]))
-                if len(events) == 2:
-                    break
+        for frame in iter_frames(r.iter_lines()):
+            assert frame.event == STATS_EVENT
+            events.append(StatsSnapshot.model_validate_json(frame.data))
+            if len(events) == 2:
+                break
     elapsed = time.monotonic() - started
     assert 0.5 < elapsed < 3.0
-    assert all(e["state"] == "loaded" for e in events)
-    assert events[1]["time"] > events[0]["time"]
+    assert all(e.model.state == "loaded" for e in events)
+    assert events[1].time > events[0].time
 
 
 def test_close_streams_ends_open_streams_at_once() -> None:
     class Idle:
-        def stats(self) -> dict[str, Any]:
-            return {"state": "unloaded"}
+        def stats(self) -> EngineStats:
+            return StatsBook(time.monotonic).snapshot()
 
     engine = Idle()
     server = start_server(engine, ServerSettings())  # type: ignore[arg-type]
     try:
-        lines: list[str] = []
+        frames: list[SseFrame] = []
 
         def follow() -> None:
             with httpx.stream("GET", server.url + "/v1/stats/stream", timeout=10) as r:
-                for line in r.iter_lines():
-                    lines.append(line)
+                for frame in iter_frames(r.iter_lines()):
+                    frames.append(frame)
 
         reader = threading.Thread(target=follow)
         reader.start()
         deadline = time.monotonic() + 10  # a loaded machine may take a while to send the first
-        while not any(line.startswith("data:") for line in lines):
+        while not frames:
             assert time.monotonic() < deadline, "the stats stream sent nothing"
             time.sleep(0.02)
         close_streams(engine)
         reader.join(3)
         assert not reader.is_alive()
-        assert any(line.startswith("data:") for line in lines)
+        assert StatsSnapshot.model_validate_json(frames[0].data).model.state == "unloaded"
     finally:
         server.stop()
-
-
-# --- tolerance of stats fields that other work adds later ----------------------------------------
-
-
-@dataclass(frozen=True)
-class LaterCounters:
-    requests_admitted: int = 5
-    requests_completed: int = 4
-    requests_overloaded: int = 2
-    prompt_tokens: int = 1000
-    cached_tokens: int = 250
-    generated_tokens: int = 40
-    evictions: int = 3
-
-
-@dataclass(frozen=True)
-class LaterStats:
-    model: str = "m"
-    state: str = "idle"
-    queue_depth: int = 1
-    running: int = 2
-    counters: LaterCounters = field(default_factory=LaterCounters)
-    cache_bytes: int = 4096
-    cache_disk_bytes: int = 8192
-    miss_diagnostics: list[dict[str, Any]] = field(
-        default_factory=lambda: [{"reason": "old"}, {"reason": "diverged at token 812"}]
-    )
-    recent: list[dict[str, Any]] = field(default_factory=list)
-
-
-def test_snapshot_passes_new_fields_through_and_derives_cache_figures() -> None:
-    snap = build_snapshot(LaterStats(), started_at=100.0, now=160.0)
-    assert snap["cache"] == {
-        "hit_ratio": 0.25,
-        "cached_tokens": 250,
-        "bytes": 4096,
-        "disk_bytes": 8192,
-    }
-    assert snap["last_miss"] == {"reason": "diverged at token 812"}
-    assert snap["uptime_s"] == 60.0
-    assert snap["counters"]["evictions"] == 3
-    assert snap["prefill_tps"] == 0.0  # absent fields read as neutral values
-    json.dumps(snap)
-
-
-def test_collector_exports_counters_added_later() -> None:
-    class Source:
-        def stats(self) -> LaterStats:
-            return LaterStats()
-
-    from prometheus_client import CollectorRegistry, generate_latest
-
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(EngineCollector(Source()))
-    scrape = samples(generate_latest(registry).decode())
-    assert value(scrape, "mlxlaunch_requests_total", outcome="overloaded") == 2
-    assert value(scrape, "mlxlaunch_evictions_total") == 3
-    assert value(scrape, "mlxlaunch_model_state", state="idle") == 1
-    assert value(scrape, "mlxlaunch_prefix_cache_disk_bytes") == 8192
 
 
 # --- opt-in per-request timings in the final usage ----------------------------------------
@@ -259,15 +205,12 @@ def _final_usage(response: httpx.Response, stream: bool) -> dict[str, Any]:
     assert response.status_code == 200, response.text
     if not stream:
         return dict(response.json()["usage"])
-    deltas = [
-        json.loads(line[5:])
-        for line in response.text.splitlines()
-        if line.startswith("data:") and '"message_delta"' in line
-    ]
+    deltas = [f.json() for f in parse_frames(response.text) if f.event == "message_delta"]
     assert len(deltas) == 1
     return dict(deltas[0]["usage"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stream", [False, True])
 def test_timings_in_the_final_usage_only_when_asked(served: Served, stream: bool) -> None:
     plain_usage = _final_usage(_post(served, stream, {}), stream)
@@ -285,6 +228,7 @@ def test_timings_in_the_final_usage_only_when_asked(served: Served, stream: bool
     assert timed["output_tokens"] >= 1
 
 
+@pytest.mark.slow
 def test_the_sdk_reads_a_timed_response(served: Served) -> None:
     client = anthropic.Anthropic(
         base_url=served.server.url,

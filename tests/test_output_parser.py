@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from mlx_lm.tool_parsers import json_tools
 from parser_helpers import splits
 
-from mlxlaunch.engine.output import OutputParser, ParsedEvent, ParserConfig
+from mlxlaunch.engine.output.parser import OutputParser, ParsedEvent, ParserConfig
 from mlxlaunch.engine.types import TextDelta, ThinkingDelta, ToolCallEvent, ToolSpec
 
 Summary = list[tuple[str, object]]

@@ -9,11 +9,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-from mlxlaunch.engine.output import OutputParser, ParsedEvent, ParserConfig
+from mlxlaunch.engine.output.parser import OutputParser, ParsedEvent, ParserConfig
 from mlxlaunch.engine.types import TextDelta, ThinkingDelta, ToolCallEvent
+
+pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model
 
 
 def config_from(tokenizer: TokenizerWrapper, **overrides: object) -> ParserConfig:

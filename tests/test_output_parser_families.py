@@ -14,7 +14,7 @@ from types import ModuleType
 import pytest
 from parser_helpers import splits
 
-from mlxlaunch.engine.output import OutputParser, ParsedEvent, ParserConfig
+from mlxlaunch.engine.output.parser import OutputParser, ParsedEvent, ParserConfig
 from mlxlaunch.engine.types import TextDelta, ToolCallEvent, ToolSpec
 
 WEATHER = ToolSpec(

@@ -13,12 +13,12 @@ import pytest
 from engine_helpers import AGENT_TOOLS, run
 from mlx_lm.models.cache import BatchKVCache, KVCache, RotatingKVCache
 
-from mlxlaunch.engine.cache_blocks import BlockTrie, ReusedKVCache
-from mlxlaunch.engine.cache_miss import MissTracker
-from mlxlaunch.engine.cache_snapshots import SnapshotStore
+from mlxlaunch.engine.cache.blocks import BlockTrie, ReusedKVCache
+from mlxlaunch.engine.cache.misses import MissTracker
+from mlxlaunch.engine.cache.prefix import SNAPSHOT_WARNING
+from mlxlaunch.engine.cache.snapshots import SnapshotStore
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
-from mlxlaunch.engine.prefix_cache import SNAPSHOT_WARNING
 from mlxlaunch.engine.types import (
     ChatMessage,
     Done,
@@ -182,6 +182,7 @@ def test_miss_tracker_names_the_divergence_and_ignores_a_growing_conversation() 
 # --- the test model ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_greedy_decoding_of_the_tiny_model_varies_with_the_prompt(tiny_model_dir: Path) -> None:
     model, tokenizer = mlx_lm.load(str(tiny_model_dir))[:2]
     outputs = []
@@ -235,6 +236,7 @@ async def engines(tiny_model_dir: Path) -> AsyncIterator[tuple[Engine, Engine]]:
     uncached.close()
 
 
+@pytest.mark.slow
 async def test_each_turn_reuses_the_previous_prompt_and_output_is_unchanged(
     engines: tuple[Engine, Engine],
 ) -> None:
@@ -252,11 +254,12 @@ async def test_each_turn_reuses_the_previous_prompt_and_output_is_unchanged(
     assert [text for _, text in with_cache] == [text for _, text in without]
     assert all(text for _, text in with_cache)
     stats = cached.stats()
-    assert stats.cache_bytes > 0 and 0 < stats.cache_hit_ratio < 1
+    assert stats.cache.bytes > 0 and 0 < stats.cache_hit_ratio < 1
     assert stats.counters.cached_tokens == sum(d.usage.cached_tokens for d, _ in with_cache)
     assert [r.cached_tokens for r in stats.recent] == [d.usage.cached_tokens for d, _ in with_cache]
 
 
+@pytest.mark.slow
 async def test_title_and_subagent_requests_do_not_cost_the_main_conversation(
     tiny_model_dir: Path,
 ) -> None:
@@ -264,7 +267,7 @@ async def test_title_and_subagent_requests_do_not_cost_the_main_conversation(
     probe = make_engine(tiny_model_dir)
     try:
         alone = await session(probe, turns)
-        main_bytes = probe.stats().cache_bytes
+        main_bytes = probe.stats().cache.bytes
     finally:
         probe.close()
     # Room for the main conversation and little more: the side requests do not fit beside it.
@@ -286,6 +289,7 @@ async def test_title_and_subagent_requests_do_not_cost_the_main_conversation(
     assert [text for _, text in main] == [text for _, text in alone]
 
 
+@pytest.mark.slow
 async def test_a_changed_early_token_reuses_up_to_the_change_and_reports_where(
     tiny_model_dir: Path,
 ) -> None:
@@ -302,13 +306,14 @@ async def test_a_changed_early_token_reuses_up_to_the_change_and_reports_where(
         stats = engine.stats()
     finally:
         engine.close()
-    miss = stats.last_miss
+    miss = stats.cache.last_miss
     assert miss is not None
-    assert second.usage.cached_tokens == miss["position"]
-    assert len(text_a) <= miss["position"] < first.usage.prompt_tokens // 2
-    assert "fix" in miss["excerpt_cached"] and "find" in miss["excerpt_request"]
+    assert second.usage.cached_tokens == miss.position
+    assert len(text_a) <= miss.position < first.usage.prompt_tokens // 2
+    assert "fix" in miss.excerpt_cached and "find" in miss.excerpt_request
 
 
+@pytest.mark.slow
 async def test_untrimmable_caches_reuse_only_snapshots_and_warn(tiny_model_dir: Path) -> None:
     def rotating(model: Any) -> Any:
         # Same model, but its cache is a rotating window (as sliding-window layers have).
@@ -325,7 +330,7 @@ async def test_untrimmable_caches_reuse_only_snapshots_and_warn(tiny_model_dir: 
     finally:
         engine.close()
         uncached.close()
-    assert stats.cache_warning == SNAPSHOT_WARNING
+    assert stats.cache.warning == SNAPSHOT_WARNING
     for (before, _), (after, _) in itertools.pairwise(with_cache):
         # The snapshot taken at the end of the previous prompt (all but its last token).
         assert after.usage.cached_tokens == before.usage.prompt_tokens - 1
@@ -333,7 +338,7 @@ async def test_untrimmable_caches_reuse_only_snapshots_and_warn(tiny_model_dir: 
 
 
 def test_cache_sizes_parse_as_the_cli_takes_them(tmp_path: Path) -> None:
-    from mlxlaunch.engine.cache_settings import cache_config, parse_size
+    from mlxlaunch.engine.settings import cache_config, parse_size
 
     assert parse_size("8G") == 8 * 1024**3 and parse_size("512m") == 512 * 1024**2
     assert parse_size("1.5GB") == 3 * 1024**3 // 2 and parse_size("0") == 0

@@ -43,6 +43,7 @@ def post(server: ServerHandle, payload: dict[str, Any]) -> httpx.Response:
     )
 
 
+@pytest.mark.slow
 def test_json_responses_carry_cached_tokens_headers(server: ServerHandle) -> None:
     fresh = post(server, body("What is a trie? (json)"))
     assert fresh.status_code == 200, fresh.text
@@ -57,6 +58,7 @@ def test_json_responses_carry_cached_tokens_headers(server: ServerHandle) -> Non
     assert fresh.json()["usage"]["cache_read_input_tokens"] == 0
 
 
+@pytest.mark.slow
 def test_streams_announce_the_trailer_and_report_reuse_at_admission(
     server: ServerHandle,
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from mlxlaunch.protocol.requests import (
     ToolResultBlock,
     ToolUseBlock,
 )
+from mlxlaunch.protocol.sse import FrameReader, SseFrame, aiter_frames, iter_frames
 
 FIXTURE_FILES = ("print-mode-request.json", "title-request.json", "tool-result-request.json")
 
@@ -319,6 +321,34 @@ def test_sse_frame_round_trip() -> None:
     frames = parse_frames(raw.decode())
     assert [f.event for f in frames] == ["ping", "x"]
     assert frames[1].json()["s"] == "a\nb ü"
+
+
+async def test_sse_frames_parse_line_by_line_as_a_stream_arrives() -> None:
+    lines = [
+        ": comment",
+        "event: stats",
+        "data: {",
+        "data: }",
+        "",
+        "event: ping\r",
+        "",
+        "data: cut",
+    ]
+    seen: list[SseFrame] = []
+    reader = FrameReader()
+    for line in lines[:5]:
+        if (done := reader.line(line)) is not None:
+            seen.append(done)
+    assert seen == [SseFrame("stats", "{\n}")]  # whole as soon as its blank line arrives
+    expected = [SseFrame("stats", "{\n}"), SseFrame("ping", ""), SseFrame(None, "cut")]
+    assert list(iter_frames(lines)) == expected  # an unterminated last frame still counts
+
+    async def arriving() -> AsyncIterator[str]:
+        for line in lines:
+            yield line
+
+    assert [f async for f in aiter_frames(arriving())] == expected
+    assert parse_frames("\r\n".join(lines)) == expected
 
 
 def _stream(*events: dict[str, Any]) -> list[Any]:

@@ -19,7 +19,6 @@ from test_launch_cli import _mlx_on_a_terminal
 from test_serve_cli import _read_announcement, _start_serve
 
 from mlxlaunch.cli.ps import ServerRow, print_servers, rows_json, server_rows
-from mlxlaunch.dash.snapshot import StatsSnapshot
 from mlxlaunch.launch.processes import (
     ProcessFacts,
     ServerNotFound,
@@ -33,6 +32,7 @@ from mlxlaunch.launch.processes import (
     stop_server,
 )
 from mlxlaunch.launch.state import RunState, state_path, write_state
+from mlxlaunch.protocol.stats import StatsSnapshot
 
 MLX = [sys.executable, "-c", "from mlxlaunch.cli.main import entry; entry()"]
 
@@ -217,6 +217,7 @@ def _wait_for_record(home: Path, pid: int) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_ps_lists_real_servers_and_stop_stops_them(tmp_path: Path) -> None:
     home = tmp_path / "home"
     env = {

@@ -31,14 +31,14 @@ from mlxlaunch.bench.plan import build_plan
 from mlxlaunch.bench.workloads import Conversation, first_turn
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
-from mlxlaunch.engine.render import PromptRenderer
-from mlxlaunch.engine.tokenize_cache import (
+from mlxlaunch.engine.prompt.incremental import (
     IncrementalTokenizer,
     boundary_tokens,
     common_prefix_length,
     last_line_start,
     line_starts,
 )
+from mlxlaunch.engine.prompt.render import PromptRenderer
 from mlxlaunch.engine.types import ChatMessage, GenerationRequest, ToolCallRecord, ToolSpec
 
 CORPUS = [
@@ -123,6 +123,7 @@ pieces = st.lists(st.sampled_from(PIECES) | st.text(max_size=6), max_size=40)
 steps = st.lists(st.tuples(st.floats(0, 1), st.integers(0, 3), pieces), min_size=1, max_size=6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("min_line_gain", [32, 1])
 def test_random_texts_and_split_points_tokenize_exactly(tokenizer: Any, min_line_gain: int) -> None:
     partial_hits = []
@@ -171,7 +172,7 @@ def test_line_start_splits_are_exact(name: str) -> None:
 
 def test_only_tokens_that_nothing_can_merge_across_are_split_points() -> None:
     tokenizer = hf_tokenizer(TOKENIZERS["adversarial"]())
-    safe = set(boundary_tokens(tokenizer._tokenizer).values())
+    safe = set(boundary_tokens(tokenizer.backend_tokenizer).values())
     assert "</think>" in safe and "<|im_end|>\n" in safe
     assert "<|im_end|>" not in safe  # "<|im_end|>\n" could match across the split
     assert "<|im_start|>" not in safe  # so could "a<|im_start|>b"
@@ -207,6 +208,7 @@ message = st.one_of(
 )
 
 
+@pytest.mark.slow
 def test_random_conversations_render_to_exactly_the_full_tokenization(
     chat_tokenizer: TokenizerWrapper,
 ) -> None:
@@ -236,6 +238,7 @@ def claude_code_request(conversation: Conversation) -> GenerationRequest:
     return GenerationRequest(messages=messages, tools=list(conversation.tools), max_tokens=4)
 
 
+@pytest.mark.slow
 def test_a_claude_code_session_reuses_almost_every_token(chat_tokenizer: TokenizerWrapper) -> None:
     plan = build_plan(BenchConfig.create(quick=True, turns=3))
     renderer = PromptRenderer(chat_tokenizer)
@@ -251,6 +254,7 @@ def test_a_claude_code_session_reuses_almost_every_token(chat_tokenizer: Tokeniz
     assert stats.reused_tokens > 0.8 * len(tokens) * (1 + len(plan.warm))
 
 
+@pytest.mark.slow
 def test_a_new_session_splits_its_first_message_at_a_line_start(
     chat_tokenizer: TokenizerWrapper,
 ) -> None:
@@ -287,6 +291,7 @@ def test_common_prefix_length_is_exact(shared: str, a: str, b: str, block: int) 
     assert common_prefix_length(x, y, block) == expected
 
 
+@pytest.mark.slow
 def test_a_growing_conversation_keeps_one_entry(chat_tokenizer: TokenizerWrapper) -> None:
     plan = build_plan(BenchConfig.create(quick=True, turns=5))
     renderer = PromptRenderer(chat_tokenizer)
@@ -295,6 +300,7 @@ def test_a_growing_conversation_keeps_one_entry(chat_tokenizer: TokenizerWrapper
     assert len(renderer.encoder._entries) == 1 and renderer.encoder.stats.partial_hits == 4
 
 
+@pytest.mark.slow
 def test_memory_is_bounded_and_least_recently_used_goes_first(
     chat_tokenizer: TokenizerWrapper,
 ) -> None:
@@ -309,6 +315,7 @@ def test_memory_is_bounded_and_least_recently_used_goes_first(
     assert encoder.stats.exact_hits == 1
 
 
+@pytest.mark.slow
 def test_restored_token_ids_prime_the_first_prompt_after_a_restart(
     chat_tokenizer: TokenizerWrapper,
 ) -> None:
@@ -345,6 +352,7 @@ def test_tokenizers_it_cannot_reason_about_are_tokenized_in_full() -> None:
         assert encoder.encode(text) == reference(tokenizer, text)
 
 
+@pytest.mark.slow
 async def test_a_restarted_engine_tokenizes_its_first_prompt_incrementally(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:

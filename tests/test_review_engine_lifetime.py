@@ -6,9 +6,13 @@ import gc
 import weakref
 from pathlib import Path
 
+import pytest
+
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
 from mlxlaunch.engine.types import ChatMessage, Done, GenerationRequest
+
+pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model
 
 
 async def test_unload_releases_the_tokenizer_a_constrained_request_used(

@@ -15,6 +15,8 @@ from engine_helpers import served_engine
 
 from mlxlaunch.server.runner import ServerHandle
 
+pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model
+
 TOKEN = "review-token-abcdef0123456789"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 CAPTURED = ["print-mode-request.json", "title-request.json", "tool-result-request.json"]

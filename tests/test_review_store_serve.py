@@ -20,6 +20,8 @@ from test_serve_cli import _read_announcement, _start_serve
 
 from mlxlaunch.cli.main import main
 
+pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model
+
 
 @pytest.fixture
 def hub(tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import itertools
-import json
 import math
 import time
 import uuid
@@ -26,11 +25,14 @@ import pytest
 
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
-from mlxlaunch.engine.memory import kv_bytes_per_token, total_ram_bytes
+from mlxlaunch.engine.runtime.memory import kv_bytes_per_token, total_ram_bytes
 from mlxlaunch.engine.types import GenerationRequest
+from mlxlaunch.protocol.sse import aiter_frames
 from mlxlaunch.server.app import CLAMPED_HEADER, ServerSettings
 from mlxlaunch.server.runner import ServerHandle, start_server
 from mlxlaunch.testing.scripted import ScriptedOutput
+
+pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model
 
 LONG = " ".join(f"w{i}" for i in range(3000))  # more tokens than any test lets through
 
@@ -136,14 +138,10 @@ async def read_stream(
             await response.aread()
             log.events.append((time.monotonic(), "http_error", response.json()))
             return log
-        name = ""
-        async for line in response.aiter_lines():
-            if line.startswith("event: "):
-                name = line.removeprefix("event: ")
-            elif line.startswith("data: "):
-                log.events.append((time.monotonic(), name, json.loads(line.removeprefix("data: "))))
-                if stop_after is not None and stop_after(log):
-                    break
+        async for frame in aiter_frames(response.aiter_lines()):
+            log.events.append((time.monotonic(), frame.event or "", frame.json()))
+            if stop_after is not None and stop_after(log):
+                break
     return log
 
 

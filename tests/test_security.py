@@ -78,6 +78,7 @@ def test_exposure_rules() -> None:
         check_exposure(host, auth_token="t", allow_remote=True)
 
 
+@pytest.mark.slow
 def test_start_server_refuses_a_public_bind(engine: Engine) -> None:
     with pytest.raises(ConfigError, match="refusing to listen"):
         start_server(engine, ServerSettings(host="0.0.0.0", auth_token=TOKEN))
@@ -120,6 +121,7 @@ def test_host_header_parsing_and_policy() -> None:
     assert not everywhere.allows("rebind.attacker.example:8080")
 
 
+@pytest.mark.slow
 def test_loopback_hosts_are_served(server: ServerHandle) -> None:
     for host in (
         f"127.0.0.1:{server.port}",
@@ -131,6 +133,7 @@ def test_loopback_hosts_are_served(server: ServerHandle) -> None:
         assert response.status_code == 200, (host, response.text)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "host", ["evil.example", "evil.example:{port}", "127.0.0.1.nip.io:{port}", "localhost:abc"]
 )
@@ -143,11 +146,13 @@ def test_foreign_host_is_403_before_auth(server: ServerHandle, host: str) -> Non
     _envelope(with_token, 403, "permission_error")
 
 
+@pytest.mark.slow
 def test_missing_host_is_403(server: ServerHandle) -> None:
     reply = _raw(server, b"GET /health HTTP/1.0\r\n\r\n")
     assert reply.startswith(b"HTTP/1.1 403"), reply[:200]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("origin", ["https://evil.example", "null", "http://localhost:3001"])
 def test_foreign_origin_is_403(server: ServerHandle, origin: str) -> None:
     headers = {**AUTH, "origin": origin}
@@ -161,12 +166,14 @@ def test_foreign_origin_is_403(server: ServerHandle, origin: str) -> None:
     assert preflight.status_code == 403
 
 
+@pytest.mark.slow
 def test_no_cors_headers_by_default(server: ServerHandle) -> None:
     response = httpx.get(server.url + "/v1/models", headers=AUTH)
     assert response.status_code == 200
     assert not any(name.startswith("access-control-") for name in response.headers)
 
 
+@pytest.mark.slow
 def test_allowed_origin_gets_cors(server: ServerHandle) -> None:
     preflight = httpx.options(
         server.url + "/v1/messages",
@@ -187,6 +194,7 @@ def test_allowed_origin_gets_cors(server: ServerHandle) -> None:
     _envelope(no_token, 401, "authentication_error")
 
 
+@pytest.mark.slow
 def test_claude_code_headers_pass(server: ServerHandle, fixtures_dir: Path) -> None:
     """Claude Code is no browser: `anthropic-dangerous-direct-browser-access`, no Origin."""
     captured = json.loads((fixtures_dir / "title-request.json").read_text())
@@ -206,6 +214,7 @@ def test_claude_code_headers_pass(server: ServerHandle, fixtures_dir: Path) -> N
 # --- authentication -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_every_route_but_health_and_hello_needs_the_token(server: ServerHandle) -> None:
     url = server.url
     for method, path in [
@@ -259,6 +268,7 @@ def _head(length: int | None, *, chunked: bool = False) -> bytes:
     return b"\r\n".join(lines) + b"\r\n\r\n"
 
 
+@pytest.mark.slow
 def test_declared_33_mib_body_is_413_before_reading_it(server: ServerHandle) -> None:
     started = time.monotonic()
     # Only 64 KiB of the declared 33 MiB are ever sent: the answer cannot depend on the rest.
@@ -268,6 +278,7 @@ def test_declared_33_mib_body_is_413_before_reading_it(server: ServerHandle) -> 
     assert time.monotonic() - started < 5
 
 
+@pytest.mark.slow
 def test_undeclared_body_is_cut_off_at_the_limit(server: ServerHandle) -> None:
     """A chunked upload is counted as it arrives; the server stops reading after 32 MiB."""
     sent = 0
@@ -294,6 +305,7 @@ def test_undeclared_body_is_cut_off_at_the_limit(server: ServerHandle) -> None:
     assert httpx.get(server.url + "/health").status_code == 200
 
 
+@pytest.mark.slow
 def test_stalled_upload_is_408(server: ServerHandle) -> None:
     started = time.monotonic()
     reply = _raw(server, _head(1000) + b'{"model": ')
@@ -302,12 +314,14 @@ def test_stalled_upload_is_408(server: ServerHandle) -> None:
     assert time.monotonic() - started < 5
 
 
+@pytest.mark.slow
 def test_slow_request_head_is_cut_off(server: ServerHandle) -> None:
     started = time.monotonic()
     reply = _raw(server, b"POST /v1/messages HTTP/1.1\r\nHost: 127.0.0.1\r\n")
     assert reply == b"" and time.monotonic() - started < 5
 
 
+@pytest.mark.slow
 def test_header_count_and_size_limits(server: ServerHandle) -> None:
     many = {f"x-filler-{i}": "1" for i in range(150)}
     response = httpx.get(server.url + "/health", headers=many)
@@ -332,6 +346,7 @@ def _nested(depth: int) -> Any:
     return value
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("body", "names"),
     [
@@ -410,6 +425,7 @@ def test_cli_paths_become_plain_ids() -> None:
     assert limits.check_model_id(limits.plain_model_id("~/.hidden")) == "hidden"
 
 
+@pytest.mark.slow
 def test_a_path_or_url_as_model_is_400_and_loads_nothing(tiny_model_dir: Path) -> None:
     engine = Engine(EngineConfig(model=str(tiny_model_dir)))
     engine.start()

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from mlxlaunch.engine.cache.disk import DiskCache, model_identity
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
 from mlxlaunch.launch.server_log import logging_to, new_log_path
@@ -56,6 +57,7 @@ def logged_server(tiny_model_dir: Path, tmp_path: Path) -> Iterator[tuple[str, P
             engine.close()
 
 
+@pytest.mark.slow
 def test_the_token_never_reaches_the_log(logged_server: tuple[str, Path]) -> None:
     url, log_file = logged_server
     body = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
@@ -105,6 +107,7 @@ def _launch(world: Path, *claude_args: str, model: Path) -> tuple[dict, list[Pat
     return seen, sorted((world / "home" / "logs").glob("launch-*.log"))
 
 
+@pytest.mark.slow
 def test_each_launch_has_its_own_token_kept_out_of_its_log(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
@@ -122,24 +125,22 @@ def test_each_launch_has_its_own_token_kept_out_of_its_log(
 # --- the prefix cache's disk tier -------------------------------------------------------------
 
 
-def _saved_cache(root: Path) -> tuple[object, Path]:
-    disk_cache = pytest.importorskip("mlxlaunch.engine.disk_cache")
+def _saved_cache(root: Path) -> tuple[DiskCache, Path]:
     import mlx.core as mx
     from mlx_lm.models.cache import KVCache
 
     cache = KVCache()
     keys = mx.zeros((1, 2, 4, 8))
     cache.update_and_fetch(keys, keys)
-    store = disk_cache.DiskCache(root, "0" * 24, budget_bytes=1 << 30)
+    store = DiskCache(root, "0" * 24, budget_bytes=1 << 30)
     entry = store.save([1, 2, 3, 4], [cache])
     assert entry is not None
     return store, root
 
 
 def test_disk_cache_names_are_hashes_inside_its_directory(tmp_path: Path) -> None:
-    disk_cache = pytest.importorskip("mlxlaunch.engine.disk_cache")
     store, root = _saved_cache(tmp_path / "cache")
-    identity = disk_cache.model_identity(tmp_path, ["KVCache"])
+    identity = model_identity(tmp_path, ["KVCache"])
     assert all(c in "0123456789abcdef" for c in identity)
     files = [p for p in root.rglob("*") if p.is_file()]
     assert files
@@ -150,7 +151,7 @@ def test_disk_cache_names_are_hashes_inside_its_directory(tmp_path: Path) -> Non
     meta = next(p for p in files if p.suffix == ".json")
     crafted = meta.with_name("0" * 32 + ".json")
     crafted.write_text(meta.read_text())
-    store.scan()  # type: ignore[attr-defined]
+    store.scan()
     assert not crafted.exists()
 
 

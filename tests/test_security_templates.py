@@ -17,10 +17,13 @@ from mlx_lm.utils import load_tokenizer
 
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
-from mlxlaunch.engine.render import PromptRenderer
+from mlxlaunch.engine.prompt.render import PromptRenderer
+from mlxlaunch.engine.runtime.mlx_lm_internals import hf_tokenizer_of
 from mlxlaunch.engine.types import ChatMessage, GenerationRequest
 from mlxlaunch.server.app import ServerSettings
 from mlxlaunch.server.runner import start_server
+
+pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model
 
 TOKEN = "template-test-token"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
@@ -56,7 +59,7 @@ def test_template_escapes_fail_and_run_nothing(
     renderer: PromptRenderer, tmp_path: Path, name: str
 ) -> None:
     marker = tmp_path / "escaped"
-    hf_tokenizer = renderer.tokenizer._tokenizer
+    hf_tokenizer = hf_tokenizer_of(renderer.tokenizer)
     original = hf_tokenizer.chat_template
     hf_tokenizer.chat_template = ESCAPES[name].replace("{marker}", str(marker))
     try:

@@ -17,11 +17,16 @@ from deadlines import PROCESS_EXIT_S, PROCESS_START_S
 from mlxlaunch.launch.state import running_servers
 from mlxlaunch.testing import DEMO_NOTICE
 
+pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model
 
-def _start_serve(model: str, env: dict[str, str]) -> subprocess.Popen[str]:
-    """`mlx serve --model MODEL` on any free port, in a child process with `env`."""
+
+def _start_serve(
+    model: str, env: dict[str, str], mlx: list[str] | None = None
+) -> subprocess.Popen[str]:
+    """`mlx serve --model MODEL` on any free port, in a child process with `env`; `mlx` is the
+    command that runs it (default: `python -m mlxlaunch`; tests/scripted_mlx.py scripts it)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "mlxlaunch", "serve", "--model", model, "--port", "0"],
+        [*(mlx or [sys.executable, "-m", "mlxlaunch"]), "serve", "--model", model, "--port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

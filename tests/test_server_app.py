@@ -23,6 +23,8 @@ from mlxlaunch.server.runner import ServerHandle, start_server
 from mlxlaunch.testing.failing import ForwardFailures, fail_forward
 from mlxlaunch.testing.scripted import ScriptedOutput
 
+pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model
+
 TOKEN = "test-token-123"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 HI = [{"role": "user", "content": "hi"}]

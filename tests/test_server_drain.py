@@ -192,6 +192,7 @@ LONG: dict[str, Any] = {
 }
 
 
+@pytest.mark.slow
 def test_stopping_the_server_ends_a_running_stream_with_an_overloaded_error_event(
     server: ServerHandle,
 ) -> None:
@@ -212,6 +213,7 @@ def test_stopping_the_server_ends_a_running_stream_with_an_overloaded_error_even
     assert "message_stop" not in seen
 
 
+@pytest.mark.slow
 def test_a_non_streaming_request_cut_by_the_stop_gets_a_529(server: ServerHandle) -> None:
     answer: list[httpx.Response] = []
     asking = threading.Thread(
@@ -235,6 +237,7 @@ def test_a_non_streaming_request_cut_by_the_stop_gets_a_529(server: ServerHandle
     assert stop_s < WAIT_S
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_while_stopping_ends_the_drain_at_once(server: ServerHandle) -> None:
     client = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
     outcome: list[BaseException] = []

@@ -122,6 +122,7 @@ def _shown_rate(app: DashApp, selector: str) -> float:
     return float(match.group(1).replace(",", ""))
 
 
+@pytest.mark.slow
 async def test_idle_server_reads_zero_everywhere(server: ServerHandle, clock: FakeClock) -> None:
     client = anthropic.Anthropic(base_url=server.url, api_key=TOKEN, max_retries=0)
 

@@ -31,6 +31,7 @@ def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path) -
         yield server
 
 
+@pytest.mark.slow
 def test_pull_list_info_rm_by_alias(hub: FakeHub, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["models", "pull", ALIAS]) == 0
     err = capsys.readouterr().err
@@ -53,6 +54,7 @@ def test_pull_list_info_rm_by_alias(hub: FakeHub, capsys: pytest.CaptureFixture[
     assert list_models() == []
 
 
+@pytest.mark.slow
 def test_rm_without_yes_asks_first(hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
     assert main(["models", "pull", ALIAS]) == 0
     monkeypatch.setattr("sys.stdin", __import__("io").StringIO("n\n"))
@@ -60,6 +62,7 @@ def test_rm_without_yes_asks_first(hub: FakeHub, monkeypatch: pytest.MonkeyPatch
     assert len(list_models()) == 1
 
 
+@pytest.mark.slow
 def test_refusal_and_not_found_are_one_line_errors(
     hub: FakeHub, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -90,6 +93,7 @@ def test_recommend_for_a_given_memory(capsys: pytest.CaptureFixture[str]) -> Non
     assert main(["models", "recommend", "--memory", "0.5"]) == 2
 
 
+@pytest.mark.slow
 def test_add_registers_a_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path
 ) -> None:

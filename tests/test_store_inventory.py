@@ -28,6 +28,8 @@ from mlxlaunch.store import (
 )
 from mlxlaunch.store.verify import verify_model_dir
 
+pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model
+
 
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path) -> Path:

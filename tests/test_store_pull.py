@@ -20,6 +20,8 @@ from mlxlaunch.store import (
 )
 from mlxlaunch.store.progress import SilentProgress
 
+pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model
+
 GIB = 1024**3
 
 

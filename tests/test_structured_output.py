@@ -18,6 +18,8 @@ from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
 from mlxlaunch.server.runner import ServerHandle, start_server
 
+pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model
+
 SCHEMAS: list[dict[str, Any]] = [
     {
         "type": "object",

@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 from mlxlaunch.cli.main import app
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
-from mlxlaunch.engine.sweeper import IdleSweeper, parse_duration
-from mlxlaunch.engine.tuning import engine_tuning
+from mlxlaunch.engine.scheduling.sweeper import IdleSweeper
+from mlxlaunch.engine.settings import engine_tuning, parse_duration
 from mlxlaunch.engine.types import ChatMessage, Done, GenerationRequest, TextDelta
 from mlxlaunch.errors import ConfigError
 from mlxlaunch.server.app import ServerSettings
@@ -123,6 +123,7 @@ def test_sweeper_policy() -> None:
 # --- the engine -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_the_sweeper_clears_then_unloads_on_schedule_and_a_request_reloads(
     make_engine: Callable[..., Engine],
 ) -> None:
@@ -154,6 +155,7 @@ async def test_the_sweeper_clears_then_unloads_on_schedule_and_a_request_reloads
     assert engine.stats().state == "loaded" and engine.model_info is info
 
 
+@pytest.mark.slow
 async def test_never_during_a_request(make_engine: Callable[..., Engine]) -> None:
     clock = FakeClock()
     scripted = ScriptedOutput()
@@ -176,6 +178,7 @@ async def test_never_during_a_request(make_engine: Callable[..., Engine]) -> Non
     await wait_until(lambda: engine.stats().state == "unloaded")
 
 
+@pytest.mark.slow
 async def test_keep_alive_zero_unloads_at_once_and_every_request_still_succeeds(
     make_engine: Callable[..., Engine],
 ) -> None:
@@ -190,6 +193,7 @@ async def test_keep_alive_zero_unloads_at_once_and_every_request_still_succeeds(
     assert all(isinstance(events[-1], Done) for events in results)
 
 
+@pytest.mark.slow
 async def test_a_request_after_an_unload_succeeds_over_http(tiny_model_dir: Path) -> None:
     clock = FakeClock()
     config = EngineConfig(

@@ -27,6 +27,8 @@ from mlxlaunch.testing import (
     is_test_model_name,
 )
 
+pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model
+
 TOOLS = [
     {
         "type": "function",

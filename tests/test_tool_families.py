@@ -16,12 +16,14 @@ import pytest
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
 from mlxlaunch.engine.config import EngineConfig
-from mlxlaunch.engine.constrain_tools import supported_families
+from mlxlaunch.engine.decoding.tool_grammar import supported_families
 from mlxlaunch.engine.engine import Engine
 from mlxlaunch.server.runner import ServerHandle, start_server
 from mlxlaunch.testing.builder import build_model
 from mlxlaunch.testing.scripted import ScriptedOutput
 from mlxlaunch.testing.templates import TEMPLATE_FAMILIES
+
+pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model
 
 WEATHER_TOOL: dict[str, Any] = {
     "name": "get_weather",

@@ -12,14 +12,15 @@ from engine_helpers import wait_until
 from mlx_lm import load
 from mlx_lm.models.cache import make_prompt_cache
 
-import mlxlaunch.engine.warmup as warmup_module
+import mlxlaunch.engine.runtime.warmup as warmup_module
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
+from mlxlaunch.engine.runtime.warmup import warm_up
 from mlxlaunch.engine.types import ChatMessage, GenerationRequest
-from mlxlaunch.engine.warmup import warm_up
 from mlxlaunch.testing.failing import ForwardFailures, fail_forward
 
 
+@pytest.mark.slow
 def test_warm_up_runs_a_prefill_and_a_decode_step(tiny_model_dir: Path) -> None:
     model = load(str(tiny_model_dir))[0]
     failures = ForwardFailures()  # here only to count the forward passes
@@ -36,6 +37,7 @@ def test_warm_up_failure_is_not_fatal() -> None:
     assert warm_up(Broken(), width=1, prefill_chunk=64) is None
 
 
+@pytest.mark.slow
 async def test_load_warms_the_unwrapped_model_only(tiny_model_dir: Path) -> None:
     # The wrapped model's forward passes are the requests' alone (tests count them).
     failures = ForwardFailures()
@@ -48,6 +50,7 @@ async def test_load_warms_the_unwrapped_model_only(tiny_model_dir: Path) -> None
         engine.close()
 
 
+@pytest.mark.slow
 def test_warm_up_continues_a_given_cache(tiny_model_dir: Path) -> None:
     model = load(str(tiny_model_dir))[0]
     cache = list(make_prompt_cache(model))
@@ -78,6 +81,7 @@ async def two_sessions(engine: Engine) -> None:
             pass
 
 
+@pytest.mark.slow
 async def test_a_restarted_engine_warms_up_at_the_restored_context(
     tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -110,6 +114,7 @@ async def test_a_restarted_engine_warms_up_at_the_restored_context(
         restarted.close()
 
 
+@pytest.mark.slow
 async def test_prefixes_reach_the_disk_after_a_moment_without_requests(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:

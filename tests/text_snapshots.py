@@ -1,4 +1,4 @@
-"""Text snapshots of what the CLI prints, kept under tests/__snapshots__/, plus the structural
+"""Text snapshots of what the CLI prints, kept under tests/cli_snapshots/, plus the structural
 checks that hold whatever a snapshot says (so a careless regeneration still fails).
 
 Regenerate after an intended change with `MLXLAUNCH_UPDATE_SNAPSHOTS=1 pytest tests/...`, then
@@ -13,7 +13,9 @@ from pathlib import Path
 
 from rich.cells import cell_len
 
-SNAPSHOTS = Path(__file__).resolve().parent / "__snapshots__"
+# Not under __snapshots__/: syrupy (the dashboard's SVG snapshots) owns that folder and fails a
+# run that leaves files there it did not use.
+SNAPSHOTS = Path(__file__).resolve().parent / "cli_snapshots"
 UPDATE_ENV = "MLXLAUNCH_UPDATE_SNAPSHOTS"
 
 

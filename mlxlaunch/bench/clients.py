@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -17,6 +17,7 @@ import httpx
 
 from mlxlaunch.bench.wire import anthropic_body, openai_body
 from mlxlaunch.bench.workloads import Conversation
+from mlxlaunch.protocol.sse import aiter_frames
 
 
 @dataclass
@@ -54,23 +55,6 @@ class Target(Protocol):
     async def aclose(self) -> None: ...
 
 
-async def _sse_data(response: httpx.Response) -> AsyncIterator[tuple[str, str]]:
-    """(event, data) pairs of a server-sent-event stream; event is "" when not named."""
-    event = ""
-    data: list[str] = []
-    async for line in response.aiter_lines():
-        if not line:
-            if data:
-                yield event, "\n".join(data)
-            event, data = "", []
-        elif line.startswith("event:"):
-            event = line[6:].strip()
-        elif line.startswith("data:"):
-            data.append(line[5:].lstrip())
-    if data:
-        yield event, "\n".join(data)
-
-
 async def _timed_stream(
     client: httpx.AsyncClient,
     url: str,
@@ -87,8 +71,9 @@ async def _timed_stream(
                 text = (await response.aread()).decode(errors="replace")
                 timing.error = f"HTTP {response.status_code}: {text[:300]}"
             else:
-                async for event, data in _sse_data(response):
-                    on_event(event, data, timing, clock() - start)
+                async for frame in aiter_frames(response.aiter_lines()):
+                    if frame.data:  # an event without data (a bare ping) says nothing
+                        on_event(frame.event or "", frame.data, timing, clock() - start)
     except httpx.HTTPError as exc:
         timing.error = f"{type(exc).__name__}: {exc}"
     timing.total_s = clock() - start

@@ -106,8 +106,9 @@ def build_report(
 # Said under the header of a CPU run, so nobody reads "below the floor" as a measuring error.
 LIMITS_ON_CPU = (
     "Limits are measured in-process with mlx-lm's own model code. On the CPU backend "
-    "mlxlaunch's engine runs its own attention (`mlxlaunch/engine/cpu_attention.py`, NumPy's "
-    "vectorised exponential on MLX's buffers), so its prefills and decode steps can beat them."
+    "mlxlaunch's engine runs its own attention (`mlxlaunch/engine/runtime/cpu_attention.py`, "
+    "NumPy's vectorised exponential on MLX's buffers), so its prefills and decode steps can beat "
+    "them."
 )
 
 

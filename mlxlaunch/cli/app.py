@@ -1,7 +1,8 @@
 """The root Typer app of the `mlx` command, with no commands on it.
 
 `mlxlaunch.cli.main` registers every command and group on `app`, in one table; no module
-registers itself when imported.
+registers itself when imported. `Overrides` is what `main()` may hand the commands through
+click's context object instead of their defaults (the serving commands' logits hook).
 
 Help is click's plain layout (`rich_markup_mode=None`): rich's option table shares its width
 among six columns and truncates long option names at 80 columns (`--concurrency-p…`), while
@@ -11,11 +12,15 @@ click's layout wraps only the help text, so every option name and example shows 
 from __future__ import annotations
 
 import logging
-from typing import Annotated
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from mlxlaunch import __version__
+
+if TYPE_CHECKING:
+    from mlxlaunch.engine.config import LogitsHook
 
 app = typer.Typer(
     name="mlx",
@@ -34,6 +39,24 @@ app = typer.Typer(
     add_completion=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """What a caller of `cli.main.main()` hands the serving commands in place of their defaults.
+
+    The `mlx` command hands nothing. Tests that run `mlx serve` or `mlx launch claude` as a
+    process script the model's output through it (tests/scripted_mlx.py), so the product
+    reads no test hook from the environment.
+    """
+
+    logits_hook: LogitsHook | None = None
+
+
+def overrides(ctx: typer.Context) -> Overrides:
+    """The Overrides `main()` was given (none: the defaults)."""
+    found = ctx.find_object(Overrides)
+    return found if found is not None else Overrides()
 
 
 def _version(value: bool) -> None:

@@ -10,9 +10,7 @@ from typing import Annotated
 
 import typer
 
-from mlxlaunch.engine.cache_settings import DEFAULT_CACHE_DISK, cache_config, parse_size
-
-__all__ = ["DEFAULT_CACHE_DISK", "cache_config"]
+from mlxlaunch.engine.settings import parse_size
 
 
 def _size(value: str | None) -> str | None:

@@ -10,8 +10,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from mlxlaunch.cli.app import overrides
 from mlxlaunch.cli.cache_options import (
-    DEFAULT_CACHE_DISK,
     CacheDirOption,
     CacheDiskOption,
     CacheMemoryOption,
@@ -26,6 +26,7 @@ from mlxlaunch.cli.scheduler_options import (
     MaxConcurrencyOption,
     MemoryFractionOption,
 )
+from mlxlaunch.engine.settings import DEFAULT_CACHE_DISK
 from mlxlaunch.errors import ConfigError
 from mlxlaunch.launch.claude_bin import CLAUDE_CODE_VERSION, INSTALL_FLAG
 from mlxlaunch.launch.claude_env import export_lines, launch_variables, parse_env_pairs
@@ -116,6 +117,7 @@ def _print_env(
 
 @launch_app.command("claude", help=CLAUDE_HELP, no_args_is_help=False)
 def claude(
+    ctx: typer.Context,
     claude_args: Annotated[
         list[str] | None,
         typer.Argument(help="Arguments for claude, after `--`.", show_default=False),
@@ -180,20 +182,23 @@ def claude(
         claude_args or [], stdin_tty=sys.stdin.isatty(), stdout_tty=sys.stdout.isatty()
     )
     found = _claude_to_run(claude_bin, install_claude)
+    from mlxlaunch.launch.serving import EngineOptions
     from mlxlaunch.launch.session import LaunchOptions, launch_claude
 
     options = LaunchOptions(
         model=model,
         small_model=small_model,
         port=port,
-        context_length=context_length,
-        keep_alive=keep_alive,
-        max_concurrency=max_concurrency,
-        idle_clear=idle_clear,
-        memory_fraction=memory_fraction,
-        cache_memory=cache_memory,
-        cache_dir=cache_dir,
-        cache_disk=cache_disk,
+        engine=EngineOptions(
+            context_length=context_length,
+            max_concurrency=max_concurrency,
+            idle_clear=idle_clear,
+            keep_alive=keep_alive,
+            memory_fraction=memory_fraction,
+            cache_memory=cache_memory,
+            cache_dir=cache_dir,
+            cache_disk=cache_disk,
+        ),
         max_output_tokens=max_output_tokens,
         preload=preload,
         claude_bin=str(found),
@@ -201,7 +206,12 @@ def claude(
         extra_env=extra,
         verbose=verbose,
     )
-    code = launch_claude(options, console=_console, offer_pull=lambda: _offer_pull(_console, yes))
+    code = launch_claude(
+        options,
+        console=_console,
+        offer_pull=lambda: _offer_pull(_console, yes),
+        logits_hook=overrides(ctx).logits_hook,
+    )
     _exit_now(code)
 
 

@@ -15,7 +15,7 @@ from rich.console import Console
 
 from mlxlaunch.blas import use_optimised_blas
 from mlxlaunch.cli import bench, completions, config, dash, doctor, launch, models, ps, serve
-from mlxlaunch.cli.app import app
+from mlxlaunch.cli.app import Overrides, app
 from mlxlaunch.errors import MlxLaunchError
 
 # Every command and group of `mlx`, registered here and nowhere else (as huggingface_hub's
@@ -53,13 +53,18 @@ def take_debug_flag(args: list[str]) -> tuple[bool, list[str]]:
     return True, [DEBUG_FLAG, *rest]
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Console-script entry point: run the app, turning typed errors into messages."""
+def main(argv: list[str] | None = None, *, overrides: Overrides | None = None) -> int:
+    """Console-script entry point: run the app, turning typed errors into messages.
+
+    `overrides` replace defaults of the serving commands (tests only; see cli/app.py).
+    """
     flagged, args = take_debug_flag(sys.argv[1:] if argv is None else argv)
     debug = flagged or os.environ.get("MLX_DEBUG") == "1"
     try:
         # Without standalone mode click *returns* a typer.Exit's code instead of raising it.
-        result = app(args=args, prog_name="mlx", standalone_mode=False)
+        result = app(
+            args=args, prog_name="mlx", standalone_mode=False, obj=overrides or Overrides()
+        )
     except MlxLaunchError as exc:
         if debug:
             raise

@@ -24,6 +24,7 @@ from mlxlaunch.cli.model_views import (
 )
 from mlxlaunch.cli.options import MODEL_METAVAR, JsonOption
 from mlxlaunch.errors import ConfigError, ModelNotFound
+from mlxlaunch.launch.models import is_test_model_name, notice_for_test_model, offline_model_dir
 from mlxlaunch.store import (
     CATALOG,
     LocalModel,
@@ -41,7 +42,6 @@ from mlxlaunch.store import (
 )
 from mlxlaunch.store.memory import GIB, format_bytes, memory_fit
 from mlxlaunch.store.progress import RichPullProgress
-from mlxlaunch.testing import is_test_model_name, notice_for_test_model
 
 models_app = typer.Typer(
     name="models",
@@ -164,14 +164,6 @@ def _require(name: str) -> LocalModel:
         hint = f"mlx models pull {name}" if pullable else "see mlx models list, mlx models catalog"
         raise ModelNotFound(f"no local model '{name}'", hint=hint)
     return model
-
-
-def offline_model_dir(name: str) -> Path:
-    """Where the test model `name` is (or will be) built; no build happens here."""
-    from mlxlaunch.testing.cache import TEST_MODELS, builder_hash, cached_models_dir
-
-    # The layout `ensure_test_model` builds into (a test keeps the two in step).
-    return cached_models_dir() / f"{name}-{builder_hash(TEST_MODELS[name])}"
 
 
 def _test_model(name: str) -> tuple[dict[str, Any], LocalModel | None]:

@@ -19,10 +19,10 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON documen
 
 def known_model_names() -> list[str]:
     """Names that need nothing on this machine: the offline test models and catalog aliases."""
+    from mlxlaunch.launch.models import offline_model_names
     from mlxlaunch.store import CATALOG
-    from mlxlaunch.testing import TEST_MODELS
 
-    return [*TEST_MODELS, *(entry.alias for entry in CATALOG)]
+    return [*offline_model_names(), *(entry.alias for entry in CATALOG)]
 
 
 def model_option(help: str) -> Any:

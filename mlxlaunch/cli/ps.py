@@ -16,12 +16,13 @@ from dataclasses import asdict, dataclass
 from typing import Annotated, Any
 
 import typer
+from pydantic import ValidationError
 from rich.console import Console
 from rich.text import Text
 
 from mlxlaunch.cli.layout import Column, Record, print_report
 from mlxlaunch.cli.options import JsonOption
-from mlxlaunch.dash.snapshot import StatsSnapshot, human_duration
+from mlxlaunch.dash.snapshot import human_duration
 from mlxlaunch.launch.processes import (
     STOP_TIMEOUT_S,
     ProcessFacts,
@@ -33,6 +34,7 @@ from mlxlaunch.launch.processes import (
     select_servers,
     stop_server,
 )
+from mlxlaunch.protocol.stats import StatsSnapshot
 from mlxlaunch.runstate import RunState
 from mlxlaunch.store.memory import format_bytes
 
@@ -103,10 +105,9 @@ def fetch_stats(state: RunState, timeout: float = STATS_TIMEOUT_S) -> StatsSnaps
         response = httpx.get(state.url + "/v1/stats", headers=headers, timeout=timeout)
         if response.status_code != 200:
             return None
-        data = response.json()
-    except (httpx.HTTPError, ValueError):
+        return StatsSnapshot.model_validate_json(response.content)
+    except (httpx.HTTPError, ValidationError):
         return None
-    return StatsSnapshot.from_json(data) if isinstance(data, dict) else None
 
 
 def server_rows(

@@ -11,10 +11,7 @@ from typing import Annotated
 import typer
 
 from mlxlaunch.config import MIN_CONTEXT_LENGTH, check_context_length
-from mlxlaunch.engine.sweeper import parse_duration
-from mlxlaunch.engine.tuning import engine_tuning
-
-__all__ = ["engine_tuning"]
+from mlxlaunch.engine.settings import parse_duration
 
 DEFAULT_IDLE_CLEAR = "30s"
 DEFAULT_MEMORY_FRACTION = 0.85

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
@@ -29,7 +29,7 @@ from mlxlaunch.dash.panels import (
     request_cells,
     requests_card,
 )
-from mlxlaunch.dash.snapshot import StatsSnapshot
+from mlxlaunch.protocol.stats import CacheMiss, StatsSnapshot
 
 Connection = Literal["looking", "live", "gone"]
 Locate = Callable[[], ServerAddress | None]
@@ -84,7 +84,7 @@ class DashApp(App[None]):
         self.prefill_history: deque[float] = deque(maxlen=HISTORY_POINTS)
         self.decode_history: deque[float] = deque(maxlen=HISTORY_POINTS)
         self._hidden_requests: set[str] = set()
-        self._hidden_miss: Any = None
+        self._hidden_miss: CacheMiss | None = None
         self._shown_rows: tuple[str, ...] = ()
 
     # --- layout -------------------------------------------------------------------------
@@ -170,7 +170,7 @@ class DashApp(App[None]):
         self.decode_history.clear()
         if self.latest is not None:
             self._hidden_requests |= {r.request_id for r in self.latest.recent}
-            self._hidden_miss = self.latest.last_miss
+            self._hidden_miss = self.latest.cache.last_miss
         self._render_all()
 
     def action_panel(self, panel: str) -> None:
@@ -204,7 +204,7 @@ class DashApp(App[None]):
         title = rate_title("decode ", current_decode, decode)
         self.query_one("#decode-title", Static).update(title)
         self._render_requests(s)
-        miss = s.last_miss if s.last_miss != self._hidden_miss else None
+        miss = s.cache.last_miss if s.cache.last_miss != self._hidden_miss else None
         self.query_one("#miss-view", Static).update(miss_text(miss))
 
     def _render_requests(self, s: StatsSnapshot) -> None:

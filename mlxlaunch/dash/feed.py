@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import httpx
+from pydantic import ValidationError
 
-from mlxlaunch.dash.snapshot import StatsSnapshot
+from mlxlaunch.protocol.sse import aiter_frames
+from mlxlaunch.protocol.stats import STATS_EVENT, StatsSnapshot
 
 STREAM_PATH = "/v1/stats/stream"
 SNAPSHOT_PATH = "/v1/stats"
@@ -73,7 +74,10 @@ class StatsFeed:
             except httpx.HTTPError as exc:
                 raise ServerUnreachable(_describe(exc)) from exc
             _check(response)
-            return StatsSnapshot.from_json(response.json())
+            snapshot = _parse(response.text)
+            if snapshot is None:
+                raise ServerUnreachable("the server sent a torn stats snapshot")
+            return snapshot
 
     async def follow(self) -> AsyncIterator[StatsSnapshot]:
         """Snapshots as the server streams them; raises ServerUnreachable when it goes away."""
@@ -83,28 +87,31 @@ class StatsFeed:
                     if response.status_code != 200:
                         await response.aread()
                         _check(response)
-                    async for data in _sse_data(response.aiter_lines()):
-                        try:
-                            payload = json.loads(data)
-                        except json.JSONDecodeError:
-                            continue  # a torn or foreign event: skip it, keep following
-                        if isinstance(payload, dict):
-                            yield StatsSnapshot.from_json(payload)
+                    async for frame in aiter_frames(response.aiter_lines()):
+                        if frame.event != STATS_EVENT:
+                            continue  # a foreign event: skip it, keep following
+                        snapshot = _parse(frame.data)
+                        if snapshot is not None:  # None: a torn event, skipped
+                            yield snapshot
             except httpx.HTTPError as exc:
                 raise ServerUnreachable(_describe(exc)) from exc
         raise ServerUnreachable("the server closed the stats stream")
 
 
-async def _sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
-    """The `data` of each SSE event (multi-line data joined with newlines)."""
-    data: list[str] = []
-    async for line in lines:
-        if not line:
-            if data:
-                yield "\n".join(data)
-                data = []
-        elif line.startswith("data:"):
-            data.append(line[5:].removeprefix(" "))
+def _parse(data: str) -> StatsSnapshot | None:
+    """The snapshot in `data`; None when it is not JSON (torn). JSON that is not a snapshot
+    means a server of another version: ServerUnreachable says so."""
+    try:
+        return StatsSnapshot.model_validate_json(data)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        if any(e["type"] == "json_invalid" for e in errors):
+            return None
+        where = ".".join(str(part) for part in errors[0]["loc"]) or "snapshot"
+        raise ServerUnreachable(
+            f"the server's stats do not read as this dashboard's ({where}: {errors[0]['msg']});"
+            " is it another mlxlaunch version?"
+        ) from exc
 
 
 def _check(response: httpx.Response) -> None:

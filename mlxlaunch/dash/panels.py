@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 from rich.markup import escape
 
-from mlxlaunch.dash.snapshot import RequestRow, StatsSnapshot, human_bytes, human_duration
+from mlxlaunch.dash.snapshot import human_bytes, human_duration
+from mlxlaunch.protocol.stats import CacheMiss, RecentRequest, StatsSnapshot
 
 REQUEST_COLUMNS = (
     "request",
@@ -32,10 +30,10 @@ def requests_card(s: StatsSnapshot) -> str:
         [
             _line("queued", str(s.queue_depth)),
             _line("running", str(s.running)),
-            _line("completed", str(s.completed)),
-            _line("429 busy" if s.overloaded is not None else "refused", str(s.too_busy)),
-            _line("cancelled", str(s.cancelled)),
-            _line("failed", str(s.failed)),
+            _line("completed", str(s.counters.requests_completed)),
+            _line("429 busy", str(s.counters.requests_overloaded)),
+            _line("cancelled", str(s.counters.requests_cancelled)),
+            _line("failed", str(s.counters.requests_failed)),
         ]
     )
 
@@ -44,10 +42,10 @@ def model_card(s: StatsSnapshot) -> str:
     """The model, its load state and memory."""
     return "\n".join(
         [
-            _line("model", escape(short_model(s.model))),
-            _line("state", s.state),
-            _line("memory", human_bytes(s.memory_active_bytes)),
-            _line("mlx cache", human_bytes(s.memory_cache_bytes)),
+            _line("model", escape(short_model(s.model.name))),
+            _line("state", s.model.state),
+            _line("memory", human_bytes(s.memory.active_bytes)),
+            _line("mlx cache", human_bytes(s.memory.cache_bytes)),
             _line("uptime", human_duration(s.uptime_s)),
         ]
     )
@@ -57,11 +55,11 @@ def cache_card(s: StatsSnapshot) -> str:
     """Prefix-cache effectiveness and footprint."""
     return "\n".join(
         [
-            _line("hit ratio", f"{s.cache_hit_ratio:.0%}"),
-            _line("cached tok", f"{s.cached_tokens:,}"),
-            _line("prompt tok", f"{s.prompt_tokens:,}"),
-            _line("memory", human_bytes(s.cache_bytes)),
-            _line("disk", human_bytes(s.cache_disk_bytes)),
+            _line("hit ratio", f"{s.cache.hit_ratio:.0%}"),
+            _line("cached tok", f"{s.counters.cached_tokens:,}"),
+            _line("prompt tok", f"{s.counters.prompt_tokens:,}"),
+            _line("memory", human_bytes(s.cache.bytes)),
+            _line("disk", human_bytes(s.cache.disk_bytes)),
         ]
     )
 
@@ -85,12 +83,12 @@ def short_id(request_id: str, width: int = 14) -> str:
     return request_id if len(request_id) <= width else "…" + request_id[-(width - 1) :]
 
 
-def request_cells(row: RequestRow) -> tuple[str, ...]:
+def request_cells(row: RecentRequest) -> tuple[str, ...]:
     """A recent request as table cells, in REQUEST_COLUMNS order."""
     return (
         short_id(row.request_id),
         row.kind,
-        short_model(row.model),
+        short_model(row.model_alias),
         f"{row.prompt_tokens:,}",
         f"{row.cached_tokens:,}",
         f"{row.output_tokens:,}",
@@ -100,19 +98,30 @@ def request_cells(row: RequestRow) -> tuple[str, ...]:
     )
 
 
-def miss_text(miss: Any) -> str:
+def miss_text(miss: CacheMiss | None) -> str:
     """The latest cache-miss diagnostic, or a note that there is none."""
-    if miss is None or miss == {}:
+    if miss is None:
         return (
             "[dim]No cache miss reported yet.\n\n"
             "When a request could not reuse the cached prefix of an earlier one, the server "
-            "explains why here (where the prompts diverged, what was evicted).[/dim]"
+            "explains why here (where the prompts diverged, what was reused).[/dim]"
         )
-    if isinstance(miss, dict):
-        width = max((len(str(k)) for k in miss), default=0)
-        lines = []
-        for key, value in miss.items():
-            shown = value if isinstance(value, str) else json.dumps(value)
-            lines.append(f"[dim]{escape(str(key)):<{width}}[/dim]  {escape(shown)}")
-        return "\n".join(lines)
-    return escape(str(miss))
+    lines = [
+        _line("request", f"{escape(short_id(miss.request_id))} ({escape(miss.kind)})"),
+        _line("diverged", f"at token {miss.position:,} of {miss.request_tokens:,}"),
+        _line("nearest", f"an earlier prompt of {miss.nearest_tokens:,} tokens"),
+        _line("reused", f"{miss.cached_tokens:,} tokens"),
+        "",
+    ]
+    if miss.excerpts is None:
+        lines.append(
+            "[dim]The server does not share prompt text, so the text on each side of the "
+            "divergence is not shown.[/dim]"
+        )
+    else:
+        lines += [
+            _line("before", escape(repr(miss.excerpts.before))),
+            _line("earlier", escape(repr(miss.excerpts.cached))),
+            _line("this one", escape(repr(miss.excerpts.request))),
+        ]
+    return "\n".join(lines)

@@ -11,6 +11,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from mlxlaunch.engine.settings import DEFAULT_CACHE_DISK, parse_size
 from mlxlaunch.engine.types import GenerationRequest
 
 # A logits processor as mlx-lm calls it: (tokens so far, logits) -> logits.
@@ -35,7 +36,7 @@ def default_max_concurrency() -> int:
 
 
 GIB = 1024**3
-DEFAULT_CACHE_DISK_BYTES = 20 * GIB
+DEFAULT_CACHE_DISK_BYTES = parse_size(DEFAULT_CACHE_DISK)  # the flag's default, as bytes
 
 
 def default_cache_memory() -> int:

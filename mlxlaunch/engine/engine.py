@@ -23,12 +23,18 @@ from collections.abc import AsyncIterator
 from functools import partial
 
 from mlxlaunch.engine.config import EngineConfig
-from mlxlaunch.engine.decoding import NO_PLAN, DecodingPlan, needs_plan, plan_decoding
-from mlxlaunch.engine.duplicates import DuplicateRegistry, SharedSink, deliver, generation_key
-from mlxlaunch.engine.job import EventSink, Job
-from mlxlaunch.engine.render import RenderedPrompt
+from mlxlaunch.engine.decoding.plan import NO_PLAN, DecodingPlan, needs_plan, plan_decoding
+from mlxlaunch.engine.prompt.render import RenderedPrompt
+from mlxlaunch.engine.scheduling.duplicates import (
+    DuplicateRegistry,
+    SharedSink,
+    deliver,
+    generation_key,
+)
+from mlxlaunch.engine.scheduling.job import EventSink, Job
+from mlxlaunch.engine.scheduling.sweeper import IdleSweeper
+from mlxlaunch.engine.scheduling.worker import Worker
 from mlxlaunch.engine.stats import EngineStats, StatsBook
-from mlxlaunch.engine.sweeper import IdleSweeper
 from mlxlaunch.engine.types import (
     Done,
     EngineEvent,
@@ -41,7 +47,6 @@ from mlxlaunch.engine.types import (
     Timings,
     Usage,
 )
-from mlxlaunch.engine.worker import Worker
 from mlxlaunch.errors import MlxLaunchError
 
 log = logging.getLogger(__name__)
@@ -310,7 +315,7 @@ class Engine:
     async def _plan_decoding(
         self, request: GenerationRequest, rendered: RenderedPrompt
     ) -> DecodingPlan:
-        """Compile the request's constraints and thinking budget (see engine/decoding.py)."""
+        """Compile the request's constraints and thinking budget (see engine/decoding/plan.py)."""
         if not needs_plan(request):
             return NO_PLAN
         loaded = self._worker.loaded

@@ -1,6 +1,8 @@
 """Engine statistics: plain-data snapshots for the dashboard and metrics, and their bookkeeping.
 
-The worker thread writes; any thread reads a snapshot through `StatsBook.snapshot`.
+The worker thread writes; any thread reads a snapshot through `StatsBook.snapshot`. The server
+turns a snapshot into the stats wire type (`protocol/stats.py`) in one function
+(`server/stats_snapshot.py`); a field added here must be added there too (tests/test_stats_wire.py).
 
 The speeds in a snapshot (`prefill_tps`, `decode_tps`) are tokens per second of work over the
 steps of the last `RATE_WINDOW_S` seconds, by the injected clock at read time: they read 0 once
@@ -15,7 +17,9 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Literal
+
+from mlxlaunch.engine.types import MissReport
 
 EngineState = Literal["unloaded", "loading", "loaded"]
 
@@ -72,7 +76,7 @@ class CacheFigures:
     disk_saves: int = 0
     disk_rejected: int = 0
     warning: str | None = None
-    last_miss: dict[str, Any] | None = None
+    last_miss: MissReport | None = None
 
 
 @dataclass(frozen=True)
@@ -91,13 +95,7 @@ class EngineStats:
     recent: list[RequestRecord] = field(default_factory=list)
     memory_limit_bytes: int = 0  # MLX memory limit the engine set (0: not set)
     queued_tokens: int = 0  # prompt tokens waiting in the admission queue
-    # Prefix cache (names the dashboard reads): memory and disk held, share of prompt tokens
-    # served from it, the latest miss diagnostic, and all its figures.
-    cache_bytes: int = 0
-    cache_disk_bytes: int = 0
-    cache_hit_ratio: float = 0.0
-    last_miss: dict[str, Any] | None = None
-    cache_warning: str | None = None
+    cache_hit_ratio: float = 0.0  # share of prompt tokens served from the prefix cache
     cache: CacheFigures = field(default_factory=CacheFigures)
 
 
@@ -172,7 +170,6 @@ class StatsBook:
         prompt_s = sum(s[2] for s in steps)
         gen_tokens = sum(s[3] for s in steps)
         decode_s = sum(s[4] for s in steps)
-        cache = self.cache
         return EngineStats(
             model=self.model,
             state=self.state,
@@ -186,12 +183,8 @@ class StatsBook:
             recent=records,
             memory_limit_bytes=self.memory_limit_bytes,
             queued_tokens=self.queued_tokens,
-            cache_bytes=cache.bytes,
-            cache_disk_bytes=cache.disk_bytes,
             cache_hit_ratio=counters.cached_tokens / counters.prompt_tokens
             if counters.prompt_tokens
             else 0.0,
-            last_miss=cache.last_miss,
-            cache_warning=cache.warning,
-            cache=cache,
+            cache=self.cache,
         )

@@ -169,6 +169,25 @@ class Done:
 EngineEvent = Admitted | Progress | TextDelta | ThinkingDelta | ToolCallEvent | Done
 
 
+@dataclass(frozen=True)
+class MissReport:
+    """Why a request missed the prefix cache (engine/cache/misses.py), as stats carry it."""
+
+    request_id: str
+    kind: str
+    position: int  # first token index where the request and the nearest prompt differ
+    request_tokens: int
+    nearest_tokens: int  # length of the nearest earlier prompt
+    cached_tokens: int  # what the request did reuse
+    excerpt_before: str  # shared text just before the divergence
+    excerpt_cached: str  # the earlier prompt's text from the divergence on
+    excerpt_request: str  # this request's text from the divergence on
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data for stats."""
+        return dict(self.__dict__)
+
+
 # --- errors raised from submit() / count_tokens() ----------------------------------------
 
 

@@ -2,7 +2,8 @@
 
 Names resolve in one order everywhere: the built-in test models (`demo`, `tiny`, `small`, …) are
 built offline on first use; everything else goes through the store's resolver, which never
-downloads.
+downloads. This is the one product module that imports `mlxlaunch.testing` (tests/test_rooms.py
+holds it to that): the rest of the product asks here about test model names and the demo.
 """
 
 from __future__ import annotations
@@ -13,16 +14,36 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mlxlaunch.config import UserConfig
+from mlxlaunch.engine.settings import context_window_of
 from mlxlaunch.errors import ModelNotFound
 from mlxlaunch.store.catalog import catalog_entry, recommend
 from mlxlaunch.store.facts import read_config
 from mlxlaunch.store.inventory import LocalModel, list_models
 from mlxlaunch.store.memory import memory_fit
 from mlxlaunch.store.resolve import resolve_model
-from mlxlaunch.testing import ensure_test_model, is_test_model_name
+from mlxlaunch.testing import (
+    TEST_MODELS,
+    ensure_test_model,
+    is_test_model_name,
+    notice_for_test_model,
+)
 
 if TYPE_CHECKING:
     from mlxlaunch.testing.demo import DemoReplies
+
+__all__ = [
+    "DEMO_MODEL",
+    "ChosenModel",
+    "best_local_model",
+    "choose_model",
+    "demo_replies",
+    "is_test_model_name",
+    "notice_for_test_model",
+    "offline_model_dir",
+    "offline_model_names",
+    "pull_command",
+    "resolve_name",
+]
 
 
 @dataclass(frozen=True)
@@ -42,8 +63,6 @@ class ChosenModel:
 
     def context_window(self, override: int | None = None) -> int:
         """The window the engine will serve, read from config.json without loading weights."""
-        from mlxlaunch.engine.loader import context_window_of  # mlx: only when needed
-
         return context_window_of(read_config(self.path), override)
 
 
@@ -56,6 +75,19 @@ def resolve_name(name: str) -> Path:
     if is_test_model_name(name):
         return ensure_test_model(name)
     return resolve_model(name, record_use=True).path
+
+
+def offline_model_names() -> list[str]:
+    """The built-in test models (`tiny`, `small`, …, `demo`): names that need no download."""
+    return list(TEST_MODELS)
+
+
+def offline_model_dir(name: str) -> Path:
+    """Where the test model `name` is (or will be) built; no build happens here."""
+    from mlxlaunch.testing.cache import builder_hash, cached_models_dir
+
+    # The layout `ensure_test_model` builds into (a test keeps the two in step).
+    return cached_models_dir() / f"{name}-{builder_hash(TEST_MODELS[name])}"
 
 
 def best_local_model(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mlxlaunch.engine.loader import context_window_of
+from mlxlaunch.engine.settings import context_window_of
 from mlxlaunch.errors import MlxLaunchError
 from mlxlaunch.launch.claude_env import ClaudeTarget
 from mlxlaunch.launch.state import RunState, running_servers

@@ -1,9 +1,10 @@
-"""Keeping the server's output off the terminal that `claude` owns.
+"""Where the server's log goes: one line per request to the terminal (`mlx serve`), or off the
+terminal that `claude` owns (`mlx launch claude`).
 
-Two layers: Python logging (our server, uvicorn, warnings) goes to the log file for the whole
-launch; and while the child runs, this process's own stdout/stderr file descriptors point at the
-log file too, so even C-level output (MLX, tokenizers) cannot draw over Claude Code's screen.
-The child gets the original descriptors.
+For `mlx launch claude`, two layers: Python logging (our server, uvicorn, warnings) goes to the
+log file for the whole launch; and while the child runs, this process's own stdout/stderr file
+descriptors point at the log file too, so even C-level output (MLX, tokenizers) cannot draw
+over Claude Code's screen. The child gets the original descriptors.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from mlxlaunch.launch.child import Stdio
 from mlxlaunch.launch.state import logs_dir
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+REQUEST_LOG_FORMAT = "%(asctime)s %(message)s"
 
 
 def new_log_path(home: Path | None = None, pid: int | None = None) -> Path:
@@ -72,3 +74,14 @@ def terminal_to_child(path: Path) -> Iterator[Stdio]:
         os.dup2(saved_err, 2)
         for fd in (saved_out, saved_err, log_fd):
             os.close(fd)
+
+
+def log_requests_to_terminal() -> None:
+    """One line per request from the server's logger on stderr, unless logging is set up."""
+    server_log = logging.getLogger("mlxlaunch.server")
+    if server_log.level == logging.NOTSET:
+        server_log.setLevel(logging.INFO)
+    if not logging.getLogger().handlers and not server_log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(REQUEST_LOG_FORMAT, datefmt="%H:%M:%S"))
+        server_log.addHandler(handler)

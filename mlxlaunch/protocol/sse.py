@@ -1,8 +1,14 @@
-"""Server-sent-event framing as pure functions: `event: <type>\\ndata: <json>\\n\\n`."""
+"""Server-sent events as pure functions: framing (`event: <type>\\ndata: <json>\\n\\n`) and
+parsing, whole bodies or line by line as a stream arrives.
+
+Every reader of an SSE stream in this project (the dashboard's feed, the bench clients, the
+tests) parses with `FrameReader` and its wrappers here, so framing rules live in one place.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +29,8 @@ def encode_event(event: BaseModel) -> bytes:
 
 @dataclass(frozen=True)
 class SseFrame:
+    """One event: its name (None when unnamed) and its data lines joined with newlines."""
+
     event: str | None
     data: str
 
@@ -30,25 +38,60 @@ class SseFrame:
         return json.loads(self.data)
 
 
-def parse_frames(text: str) -> list[SseFrame]:
-    """Split an SSE body into frames (the reverse of `frame`, tolerant of CRLF and comments)."""
-    frames: list[SseFrame] = []
-    event: str | None = None
-    data_lines: list[str] = []
-    for line in text.replace("\r\n", "\n").split("\n"):
+class FrameReader:
+    """Frames from lines as they arrive (the reverse of `frame`; CRLF and comments tolerated).
+
+    Feed each line without its line ending to `line()`, which returns a frame when a blank
+    line completes one; `end()` returns what a stream cut short left unterminated.
+    """
+
+    def __init__(self) -> None:
+        self._event: str | None = None
+        self._data: list[str] = []
+
+    def line(self, line: str) -> SseFrame | None:
+        line = line.removesuffix("\r")
         if line == "":
-            if event is not None or data_lines:
-                frames.append(SseFrame(event, "\n".join(data_lines)))
-            event, data_lines = None, []
-        elif line.startswith(":"):
-            continue
-        else:
-            name, _, value = line.partition(":")
-            value = value.removeprefix(" ")
-            if name == "event":
-                event = value
-            elif name == "data":
-                data_lines.append(value)
-    if event is not None or data_lines:
-        frames.append(SseFrame(event, "\n".join(data_lines)))
-    return frames
+            return self.end()
+        if line.startswith(":"):
+            return None  # a comment
+        name, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if name == "event":
+            self._event = value
+        elif name == "data":
+            self._data.append(value)
+        return None
+
+    def end(self) -> SseFrame | None:
+        """The frame collected so far, if any, and a fresh start."""
+        if self._event is None and not self._data:
+            return None
+        done = SseFrame(self._event, "\n".join(self._data))
+        self._event, self._data = None, []
+        return done
+
+
+def iter_frames(lines: Iterable[str]) -> Iterator[SseFrame]:
+    """Frames of a stream of lines (e.g. httpx's `iter_lines()`), each as soon as it is whole."""
+    reader = FrameReader()
+    for line in lines:
+        if (done := reader.line(line)) is not None:
+            yield done
+    if (done := reader.end()) is not None:
+        yield done
+
+
+async def aiter_frames(lines: AsyncIterable[str]) -> AsyncIterator[SseFrame]:
+    """`iter_frames` for an async stream of lines (e.g. httpx's `aiter_lines()`)."""
+    reader = FrameReader()
+    async for line in lines:
+        if (done := reader.line(line)) is not None:
+            yield done
+    if (done := reader.end()) is not None:
+        yield done
+
+
+def parse_frames(text: str) -> list[SseFrame]:
+    """Split a whole SSE body into frames."""
+    return list(iter_frames(text.replace("\r\n", "\n").split("\n")))

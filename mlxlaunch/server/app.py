@@ -30,20 +30,19 @@ from mlxlaunch.engine.types import (
     Done,
     EngineEvent,
     GenerationRequest,
-    InvalidRequest,
     ModelInfo,
-    Overloaded,
     TextDelta,
     ThinkingDelta,
     ToolCallEvent,
 )
-from mlxlaunch.protocol.errors import ErrorType, describe_validation_error, error_body, status_for
+from mlxlaunch.protocol.errors import describe_validation_error, error_body
 from mlxlaunch.protocol.events import ErrorEvent, PingEvent
 from mlxlaunch.protocol.limits import RequestLimitError, load_request_json, plain_model_id
 from mlxlaunch.protocol.requests import CountTokensRequest, MessagesRequest
 from mlxlaunch.protocol.responses import CountTokensResponse, ModelEntry, ModelList
 from mlxlaunch.protocol.sse import encode_event
 from mlxlaunch.server.blocks import TIMINGS_HEADER, ContentBlockStream, new_message_id
+from mlxlaunch.server.errors import ApiError, engine_error, error_response
 from mlxlaunch.server.guards import HttpLimits, RequestGuard
 from mlxlaunch.server.mapping import shows_thinking, to_generation_request
 from mlxlaunch.server.stats_routes import stats_routes
@@ -103,48 +102,10 @@ class ServerSettings:
     limits: HttpLimits = field(default_factory=HttpLimits)
     # The id /v1/models lists (what the user called the model); None: one made from its path.
     model_id: str | None = None
-
-
-class ApiError(Exception):
-    """An error to answer with the envelope; raised inside handlers."""
-
-    def __init__(
-        self,
-        error_type: ErrorType,
-        message: str,
-        *,
-        status: int | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.error_type = error_type
-        self.message = message
-        self.status = status or status_for(error_type)
-        self.headers = headers or {}
-
-
-def error_response(exc: ApiError) -> JSONResponse:
-    """The one place an error becomes an HTTP response."""
-    return JSONResponse(
-        error_body(exc.error_type, exc.message), status_code=exc.status, headers=exc.headers
-    )
-
-
-def engine_error(exc: Exception) -> ApiError:
-    """Translate an engine (or unexpected) error into the envelope's terms."""
-    if isinstance(exc, ApiError):
-        return exc
-    if isinstance(exc, InvalidRequest):  # includes PromptTooLong
-        return ApiError("invalid_request_error", str(exc))
-    if isinstance(exc, Overloaded):
-        retry_after = str(max(1, int(exc.retry_after)))
-        return ApiError(
-            "rate_limit_error",
-            str(exc) or "the server is busy",
-            headers={"retry-after": retry_after, "x-should-retry": "true"},
-        )
-    log.error("request failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
-    return ApiError("api_error", f"generation failed: {exc}" if str(exc) else "internal error")
+    # Cache-miss prompt excerpts in /v1/stats: other clients' prompt text, so off by default.
+    # TODO(issue 16): an explicit `mlx serve` / `mlx launch` flag to turn this on (cli/serve.py
+    # and launch/ are being reworked; until then only code that builds ServerSettings can).
+    stats_prompt_excerpts: bool = False
 
 
 async def parse_body(request: Request, model: type[ModelT]) -> ModelT:
@@ -472,7 +433,12 @@ def build_app(engine: ServingEngine, settings: ServerSettings | None = None) -> 
         Route("/v1/models/{model_id:path}", guarded(api.model, settings), methods=["GET"]),
         Route("/api/hello", guarded(api.hello, settings, auth=False), methods=["GET", "HEAD"]),
         Route("/health", guarded(api.health, settings, auth=False), methods=["GET"]),
-        *stats_routes(engine, lambda handler: guarded(handler, settings)),
+        *stats_routes(
+            engine,
+            lambda handler: guarded(handler, settings),
+            model_id=settings.model_id,
+            excerpts=settings.stats_prompt_excerpts,
+        ),
     ]
     handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
         HTTPException: _http_exception,

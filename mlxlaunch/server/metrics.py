@@ -1,17 +1,18 @@
 """`GET /metrics`: the engine's figures in the Prometheus text format.
 
-A custom collector reads `engine.stats()` at scrape time, so the hot path keeps its own cheap
-counters and nothing here is updated per token. The two latency histograms are fed from the
-engine's ring of recent request records, each record once, when a scrape sees it (requests
-that fall off the ring between two scrapes are missed; the ring holds 50 by default).
+A custom collector reads a stats snapshot (`protocol/stats.py`, the body of `GET /v1/stats`) at
+scrape time, so the hot path keeps its own cheap counters, nothing here is updated per token,
+and a scrape says what `/v1/stats` says. The two latency histograms are fed from the snapshot's
+recent request records, each record once, when a scrape sees it (requests that fall off the
+engine's ring between two scrapes are missed; the ring holds 50 by default).
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import get_args
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -24,10 +25,12 @@ from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 
-from mlxlaunch.server.stats_routes import build_snapshot
+from mlxlaunch.protocol.stats import ModelState, RecentRequest, RequestCounters, StatsSnapshot
+
+ReadStats = Callable[[], StatsSnapshot | None]
 
 PREFIX = "mlxlaunch"
-MODEL_STATES = ("unloaded", "loading", "loaded", "idle")
+MODEL_STATES: tuple[ModelState, ...] = get_args(ModelState)
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 ITL_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
 # Counters with their own metric; any other `requests_<x>` counter becomes outcome="<x>".
@@ -66,10 +69,14 @@ class Histogram:
 
 
 class EngineCollector(Collector):
-    """Prometheus collector over `engine.stats()`; safe to scrape from several threads."""
+    """Prometheus collector over stats snapshots; safe to scrape from several threads.
 
-    def __init__(self, engine: object) -> None:
-        self.engine = engine
+    Args:
+        read: the current snapshot (None: the engine reports no stats; all figures read 0).
+    """
+
+    def __init__(self, read: ReadStats) -> None:
+        self.read = read
         self._lock = threading.Lock()
         self._seen: OrderedDict[str, None] = OrderedDict()
         self.ttft = Histogram(
@@ -84,38 +91,32 @@ class EngineCollector(Collector):
         )
 
     def collect(self) -> Iterable[Metric]:
-        read = getattr(self.engine, "stats", None)
-        snap = build_snapshot(read() if callable(read) else None, started_at=0.0)
+        snap = self.read() or StatsSnapshot()
         with self._lock:
-            self._absorb(snap.get("recent") or [])
+            self._absorb(snap.recent)
             histograms = [self.ttft.family(), self.itl.family()]
-        yield from _counters(snap.get("counters") or {})
+        yield from _counters(snap.counters)
         yield from _gauges(snap)
         yield from histograms
 
-    def _absorb(self, records: list[Mapping[str, Any]]) -> None:
+    def _absorb(self, records: Iterable[RecentRequest]) -> None:
         for record in records:
-            request_id = str(record.get("request_id", ""))
-            if not request_id or request_id in self._seen:
+            if not record.request_id or record.request_id in self._seen:
                 continue
-            self._seen[request_id] = None
+            self._seen[record.request_id] = None
             if len(self._seen) > _SEEN_LIMIT:
                 self._seen.popitem(last=False)
-            if int(record.get("output_tokens", 0) or 0) < 1:
+            if record.output_tokens < 1:
                 continue  # refused or failed before a token: no latency to speak of
-            ttft = float(record.get("ttft_s", 0.0) or 0.0)
-            if ttft > 0:
-                self.ttft.observe(ttft)
-            decode_tps = float(record.get("decode_tps", 0.0) or 0.0)
-            if decode_tps > 0:
-                self.itl.observe(1.0 / decode_tps)
+            if record.ttft_s > 0:
+                self.ttft.observe(record.ttft_s)
+            if record.decode_tps > 0:
+                self.itl.observe(1.0 / record.decode_tps)
 
 
-def _counters(counters: Mapping[str, Any]) -> Iterator[Metric]:
+def _counters(counters: RequestCounters) -> Iterator[Metric]:
     outcomes = CounterMetricFamily(f"{PREFIX}_requests", "Requests by outcome.", labels=["outcome"])
-    for name, value in counters.items():
-        if not isinstance(value, int | float) or isinstance(value, bool):
-            continue
+    for name, value in counters.model_dump().items():
         if name == "requests_admitted":
             yield CounterMetricFamily(
                 f"{PREFIX}_requests_admitted", "Requests admitted to the engine.", value=value
@@ -125,62 +126,51 @@ def _counters(counters: Mapping[str, Any]) -> Iterator[Metric]:
         elif name in _TOKEN_COUNTERS:
             metric, doc = _TOKEN_COUNTERS[name]
             yield CounterMetricFamily(f"{PREFIX}_{metric}", doc, value=value)
-        else:  # a counter added later: exported under its own name
+        else:  # any other counter: exported under its own name
             yield CounterMetricFamily(f"{PREFIX}_{name}", f"Engine counter {name}.", value=value)
     yield outcomes
 
 
-def _gauge(name: str, doc: str, value: Any) -> GaugeMetricFamily:
-    return GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=float(value or 0))
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=float(value))
 
 
-def _gauges(snap: Mapping[str, Any]) -> Iterator[Metric]:
-    cache = snap.get("cache") or {}
-    yield _gauge("queue_depth", "Requests waiting for a batch slot.", snap.get("queue_depth"))
-    yield _gauge("requests_running", "Requests being prefilled or decoded.", snap.get("running"))
+def _gauges(snap: StatsSnapshot) -> Iterator[Metric]:
+    yield _gauge("queue_depth", "Requests waiting for a batch slot.", snap.queue_depth)
+    yield _gauge("requests_running", "Requests being prefilled or decoded.", snap.running)
+    yield _gauge("prefill_tokens_per_second", "Recent prompt processing speed.", snap.prefill_tps)
     yield _gauge(
-        "prefill_tokens_per_second", "Recent prompt processing speed.", snap.get("prefill_tps")
+        "decode_tokens_per_second", "Recent generation speed, all sequences.", snap.decode_tps
     )
-    yield _gauge(
-        "decode_tokens_per_second",
-        "Recent generation speed, all sequences.",
-        snap.get("decode_tps"),
-    )
-    yield _gauge("prefix_cache_bytes", "Memory held by the prefix cache.", cache.get("bytes"))
-    yield _gauge(
-        "prefix_cache_disk_bytes", "Disk used by the prefix cache.", cache.get("disk_bytes")
-    )
+    yield _gauge("prefix_cache_bytes", "Memory held by the prefix cache.", snap.cache.bytes)
+    yield _gauge("prefix_cache_disk_bytes", "Disk used by the prefix cache.", snap.cache.disk_bytes)
     yield _gauge(
         "prefix_cache_hit_ratio",
         "Share of prompt tokens served from the prefix cache.",
-        cache.get("hit_ratio"),
+        snap.cache.hit_ratio,
     )
+    yield _gauge("memory_active_bytes", "Accelerator memory in use.", snap.memory.active_bytes)
     yield _gauge(
-        "memory_active_bytes", "Accelerator memory in use.", snap.get("memory_active_bytes")
+        "memory_cache_bytes", "Accelerator memory held in MLX's cache.", snap.memory.cache_bytes
     )
-    yield _gauge(
-        "memory_cache_bytes",
-        "Accelerator memory held in MLX's cache.",
-        snap.get("memory_cache_bytes"),
-    )
-    state = str(snap.get("state") or "unloaded")
     states = GaugeMetricFamily(
         f"{PREFIX}_model_state", "1 for the model's current load state.", labels=["state"]
     )
-    for name in dict.fromkeys((*MODEL_STATES, state)):
-        states.add_metric([name], 1.0 if name == state else 0.0)
+    for name in MODEL_STATES:
+        states.add_metric([name], 1.0 if name == snap.model.state else 0.0)
     yield states
     info = GaugeMetricFamily(f"{PREFIX}_model_info", "The model being served.", labels=["model"])
-    info.add_metric([str(snap.get("model") or "")], 1.0)
+    info.add_metric([snap.model.name or ""], 1.0)
     yield info
 
 
 class MetricsRoute:
-    """`GET /metrics` for one engine, with its own registry (no process-global state)."""
+    """`GET /metrics` over one engine's snapshots, with its own registry (no process-global
+    state)."""
 
-    def __init__(self, engine: object) -> None:
+    def __init__(self, read: ReadStats) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.collector = EngineCollector(engine)
+        self.collector = EngineCollector(read)
         self.registry.register(self.collector)
 
     async def metrics(self, request: Request) -> Response:

@@ -177,11 +177,25 @@ def quantization_bits(config: dict[str, Any]) -> int | None:
     return None
 
 
+# Keys a config.json states its trained context length under, in the order they are trusted.
+CONTEXT_KEYS = (
+    "max_position_embeddings",
+    "max_sequence_length",
+    "seq_length",
+    "n_positions",
+    "n_ctx",
+)
+
+
 def context_window(config: dict[str, Any]) -> int | None:
-    """The model's trained context length from its config, if it states one."""
+    """The model's trained context length from its config, if it states one.
+
+    The one rule for it: `mlx models` shows this, and the engine serves it (see
+    `mlxlaunch.engine.settings.context_window_of`, which adds the override and a fallback).
+    """
     sources = [config, config.get("text_config") or {}]
     for source in sources:
-        for key in ("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions"):
+        for key in CONTEXT_KEYS:
             value = source.get(key)
             if isinstance(value, int) and value > 0:
                 return value

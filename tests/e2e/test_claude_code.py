@@ -1,8 +1,9 @@
 """End to end: the real Claude Code CLI (pinned) against `mlx launch claude` and a test model.
 
-The model has random weights, so its replies are scripted at the model boundary through the
-launcher's test-only hook (`MLXLAUNCH_TEST_SCRIPT`): tokens are forced, while the tokenizer,
-template, output parsers, server and Claude Code itself all run for real. The test model
+The model has random weights, so its replies are scripted at the model boundary: `mlx` runs
+through tests/scripted_mlx.py, which hands the launcher a scripted logits hook. Tokens are
+forced, while the tokenizer, template, output parsers, server and Claude Code itself all run
+for real. The test model
 thinks by default (Claude Code asks for adaptive thinking), so each reply first closes its
 thinking span.
 """
@@ -18,10 +19,11 @@ from pathlib import Path
 
 import pytest
 from e2e.claude_cli import CLAUDE_CODE_VERSION, claude_cache_dir, install_real_claude
+from scripted_mlx import scripted_mlx_command, write_script
 
 from mlxlaunch.testing.demo import DEMO_FILE_TEXT
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 MLX = [sys.executable, "-c", "from mlxlaunch.cli.main import entry; entry()"]
 REQUEST_LINE = re.compile(r"mlxlaunch\.server: msg_\w+ .* status=200")
@@ -54,13 +56,12 @@ def _launch(
         MLXLAUNCH_HOME=str(tmp_path / "mlx"),
         MLXLAUNCH_CONFIG_DIR=str(tmp_path / "mlx-config"),
     )
+    mlx = MLX
     if outputs is not None:
-        script = tmp_path / "script.json"
-        script.write_text(json.dumps({"outputs": outputs}))
-        env["MLXLAUNCH_TEST_SCRIPT"] = str(script)
+        mlx = scripted_mlx_command(write_script(tmp_path / "script.json", outputs))
     done = subprocess.run(
         [
-            *MLX,
+            *mlx,
             "launch",
             "claude",
             "--model",

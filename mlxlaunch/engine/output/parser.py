@@ -38,9 +38,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from mlxlaunch.engine.output_markers import MarkerKind, MarkerMatch, MarkerSet
-from mlxlaunch.engine.output_tools import ToolParser, parse_tool_calls, parser_tools
-from mlxlaunch.engine.types import TextDelta, ThinkingDelta, ToolCallEvent, ToolSpec
+from mlxlaunch.engine.output.markers import MarkerKind, MarkerMatch, MarkerSet
+from mlxlaunch.engine.output.tools import ToolParser, parse_tool_calls, parser_tools
+from mlxlaunch.engine.types import (
+    GenerationRequest,
+    ModelInfo,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallEvent,
+    ToolSpec,
+)
 
 ParsedEvent = TextDelta | ThinkingDelta | ToolCallEvent
 
@@ -64,6 +71,32 @@ class ParserConfig:
     # True: the output is constrained to tool calls (tool_choice any/tool), so a call that the
     # end of generation (max_tokens) cuts off is dropped: its markup is not text anyone wrote.
     calls_forced: bool = False
+
+
+def parser_config(
+    info: ModelInfo,
+    tool_parser: ToolParser | None,
+    request: GenerationRequest,
+    *,
+    opens_thinking: bool,
+) -> ParserConfig:
+    """What the parser needs for one request: the model's markup (`info`, and its tokenizer's
+    `tool_parser`), the request's tools and stops, and whether its prompt opened a think span."""
+    return ParserConfig(
+        think_start=info.think_start,
+        think_end=info.think_end,
+        start_in_thinking=opens_thinking,
+        tool_call_start=info.tool_call_start,
+        tool_call_end=info.tool_call_end,
+        tool_parser=tool_parser,
+        tools=list(request.tools),
+        # Markup is a call only when tools were offered and calls are allowed; else it is text.
+        tools_enabled=bool(request.tools) and request.tool_choice.mode != "none",
+        stop_sequences=list(request.stop_sequences),
+        # Without parallel calls the turn ends after the first one.
+        max_tool_calls=None if request.tool_choice.parallel else 1,
+        calls_forced=bool(request.tools) and request.tool_choice.mode in ("any", "tool"),
+    )
 
 
 class _State(Enum):

@@ -10,16 +10,13 @@ import logging
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from mlxlaunch.engine.system_turns import SystemTurns
-from mlxlaunch.engine.tokenize_cache import IncrementalTokenizer
+from mlxlaunch.engine.prompt.incremental import IncrementalTokenizer
+from mlxlaunch.engine.prompt.system_turns import SystemTurns
 from mlxlaunch.engine.types import ChatMessage, GenerationRequest, ToolSpec
-
-if TYPE_CHECKING:
-    from mlxlaunch.engine.prefix_cache import PrefixCache
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +78,7 @@ class PromptRenderer:
     Tokenizers are not assumed to be safe to share across threads, so every use of the
     tokenizer here holds `lock` (which the engine also holds around its own tokenizer calls).
     Prompts are tokenized incrementally: a prompt that continues a recent one reuses its token
-    ids up to the last special token they share (see `tokenize_cache`).
+    ids up to the last special token they share (see `incremental`).
     """
 
     def __init__(self, tokenizer: TokenizerWrapper, lock: threading.Lock | None = None) -> None:
@@ -129,11 +126,3 @@ class PromptRenderer:
         except Exception as exc:
             log.warning("prompt renderer warm-up skipped: %s", exc)
             return 0
-
-
-def restored_prompts(prefix: PrefixCache | None) -> list[list[int]]:
-    """Token sequences of the disk-cache entries a new process restores (newest first)."""
-    disk = prefix.disk if prefix is not None else None
-    if prefix is None or disk is None:
-        return []
-    return [entry.tokens.tolist() for entry in disk.recent(prefix.settings.restore)]

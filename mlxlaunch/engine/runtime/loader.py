@@ -1,5 +1,8 @@
 """Model loading through mlx-lm and the facts the rest of the engine needs about the model.
 
+The context window comes from the one rule in `engine/settings.py` (the store's reading of
+config.json, the `--context-length` override, a fallback).
+
 Runs on the engine worker thread (it creates MLX arrays). Names are resolved before this point:
 `model` is a local directory or a hub id, never an alias.
 """
@@ -9,20 +12,15 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import mlx.nn as nn
 from mlx_lm import load as mlx_lm_load
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from mlxlaunch.engine.config import EngineConfig
+from mlxlaunch.engine.settings import context_window_of
 from mlxlaunch.engine.types import ModelInfo
 from mlxlaunch.errors import ModelLoadError, ModelNotFound
-
-# Used when a config names no context length at all (rare; old or unusual checkpoints).
-FALLBACK_CONTEXT_WINDOW = 4096
-
-_CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "n_ctx")
 
 
 @dataclass
@@ -33,18 +31,6 @@ class LoadedModel:
     base_model: nn.Module  # the mlx-lm model itself; KV caches are shaped from it
     tokenizer: TokenizerWrapper
     info: ModelInfo
-
-
-def context_window_of(config: dict[str, Any], override: int | None = None) -> int:
-    """The context window in tokens: the override if given, else what the config declares."""
-    if override is not None:
-        return override
-    for section in (config, config.get("text_config") or {}):
-        for key in _CONTEXT_KEYS:
-            value = section.get(key)
-            if isinstance(value, int) and value > 0:
-                return value
-    return FALLBACK_CONTEXT_WINDOW
 
 
 def _local_path(model: str) -> Path:

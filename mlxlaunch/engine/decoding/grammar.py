@@ -16,7 +16,7 @@ processor takes the length of `tokens` at its first call as the prompt length, a
 feeds the grammar every token past what it has seen. Logits of tokens the grammar forbids become
 -inf; once the grammar is complete only end-of-sequence tokens remain allowed.
 
-Tool-call grammars live in `constrain_tools`; this module holds the machinery they share.
+Tool-call grammars live in `tool_grammar`; this module holds the machinery they share.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import numpy as np
 import numpy.typing as npt
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from mlxlaunch.engine.runtime.mlx_lm_internals import hf_tokenizer_of
 from mlxlaunch.engine.types import InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ def llg_tokenizer(tokenizer: TokenizerWrapper) -> llguidance.LLTokenizer:
         if hit is not None and hit[0] is tokenizer:
             return hit[1]
         eos = sorted(tokenizer.eos_token_ids) or None
-        converted = llguidance.hf.from_tokenizer(tokenizer._tokenizer, eos_token=eos)
+        converted = llguidance.hf.from_tokenizer(hf_tokenizer_of(tokenizer), eos_token=eos)
         _llg_tokenizers[key] = (tokenizer, converted)
         return converted
 

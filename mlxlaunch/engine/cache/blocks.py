@@ -23,6 +23,8 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
+from mlxlaunch.engine.runtime.mlx_lm_internals import batch_cache_holding
+
 DEFAULT_BLOCK_TOKENS = 256
 
 LayerKV = tuple[mx.array, mx.array]  # (keys, values), each (1, heads, tokens, head_dim)
@@ -55,10 +57,7 @@ class ReusedKVCache(KVCache):
         if len(caches) != 1 or caches[0].keys is None:
             return BatchKVCache.merge(caches)
         only = caches[0]
-        batch = BatchKVCache([0])
-        batch.keys, batch.values = only.keys, only.values
-        batch.offset = batch.offset + only.offset
-        batch._idx = only.offset
+        batch = batch_cache_holding(only.keys, only.values, only.offset)
         # No other reference: the batch's in-place writes must not have to copy the buffer.
         only.keys = only.values = None
         return batch

@@ -10,7 +10,7 @@ Which constraint applies, in order:
 2. a response schema (`output_config.format`): the text is one JSON value matching it;
 3. `tool_choice` auto with `strict` tools: free text, but calls of strict tools match their
    schema (skipped, not refused, when the model's tool syntax has no grammar: strict is a
-   guarantee we can only give for the families `constrain_tools` covers).
+   guarantee we can only give for the families `tool_grammar` covers).
 The thinking budget applies on top of any of them.
 """
 
@@ -24,9 +24,9 @@ from typing import Any
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from mlxlaunch.engine.constrain import GrammarConstraint, JsonConstraint
-from mlxlaunch.engine.constrain_tools import supported_families, tool_call_constraint
-from mlxlaunch.engine.thinking import ThinkingBudget
+from mlxlaunch.engine.decoding.grammar import GrammarConstraint, JsonConstraint
+from mlxlaunch.engine.decoding.thinking import ThinkingBudget
+from mlxlaunch.engine.decoding.tool_grammar import supported_families, tool_call_constraint
 from mlxlaunch.engine.types import GenerationRequest, InvalidRequest, ModelInfo
 
 log = logging.getLogger(__name__)

@@ -50,6 +50,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mlxlaunch.engine.runtime.mlx_lm_internals import tokenizers_backend_of
+
 DEFAULT_CAPACITY = 8
 # Characters between a line-start split and the first character that differs: the pre-tokenizer
 # looks at most a character past a piece's end; the rest is a safety margin.
@@ -91,37 +93,6 @@ class TokenizeStats:
     reused_tokens: int = 0
     primed: int = 0
     line_hits: int = 0  # partial hits split at a line start rather than a special token
-
-
-def backend_of(hf_tokenizer: Any) -> Any | None:
-    """The `tokenizers.Tokenizer` whose `encode` gives exactly what `hf_tokenizer.encode(text,
-    add_special_tokens=False)` gives, or None where that cannot be established.
-
-    Transformers' fast tokenizers call the Rust backend directly; subclasses that rewrite the
-    text first (mlx-lm's NewlineTokenizer, for one) override `encode`, so only an unmodified
-    `encode`/`_encode_plus` of the transformers base class counts.
-    """
-    try:
-        import tokenizers
-        from mlx_lm.tokenizer_utils import TokenizerWrapper
-        from transformers import PreTrainedTokenizerFast
-    except ImportError:  # pragma: no cover - all ship with mlx-lm
-        return None
-    # mlx-lm's wrapper forwards `encode` to the Hugging Face tokenizer it wraps.
-    if isinstance(hf_tokenizer, TokenizerWrapper) and "encode" not in vars(TokenizerWrapper):
-        hf_tokenizer = hf_tokenizer._tokenizer
-    backend = getattr(hf_tokenizer, "_tokenizer", None)
-    if not isinstance(backend, tokenizers.Tokenizer):
-        return None
-    cls = type(hf_tokenizer)
-    for name in ("encode", "_encode_plus"):
-        if getattr(cls, name, None) is not getattr(PreTrainedTokenizerFast, name, None):
-            return None
-    if getattr(hf_tokenizer, "split_special_tokens", False) or backend.encode_special_tokens:
-        return None
-    if backend.truncation is not None or backend.padding is not None:
-        return None
-    return backend
 
 
 def boundary_tokens(backend: Any) -> dict[int, str]:
@@ -241,7 +212,7 @@ class IncrementalTokenizer:
         self.stats = TokenizeStats()
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         self._next_key = 0
-        backend = backend_of(hf_tokenizer)
+        backend = tokenizers_backend_of(hf_tokenizer)
         # The backend is used only if it agrees with the tokenizer's own encode on a probe.
         if backend is not None and backend.encode(_PROBE, add_special_tokens=False).ids != list(
             self._fallback(_PROBE)

@@ -25,7 +25,7 @@ from typing import Any
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from mlxlaunch.engine.constrain import (
+from mlxlaunch.engine.decoding.grammar import (
     GrammarConstraint,
     json_rule,
     lark_literal,

@@ -32,7 +32,7 @@ import mlx_lm
 import numpy as np
 from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
 
-from mlxlaunch.engine.cache_miss import common_prefix
+from mlxlaunch.engine.cache.misses import common_prefix
 
 FORMAT = 1
 DATA_SUFFIX = ".safetensors"

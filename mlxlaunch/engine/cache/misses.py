@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
+
+from mlxlaunch.engine.types import MissReport
 
 # Prompts remembered for comparison.
 RECENT_PROMPTS = 16
@@ -29,25 +29,6 @@ MIN_SHARED_TOKENS = 16
 END_SLACK_TOKENS = 8
 
 Decode = Callable[[list[int]], str]
-
-
-@dataclass(frozen=True)
-class MissReport:
-    """One cache-miss diagnostic, as stats and the dashboard show it."""
-
-    request_id: str
-    kind: str
-    position: int  # first token index where the request and the nearest prompt differ
-    request_tokens: int
-    nearest_tokens: int  # length of the nearest earlier prompt
-    cached_tokens: int  # what the request did reuse
-    excerpt_before: str  # shared text just before the divergence
-    excerpt_cached: str  # the earlier prompt's text from the divergence on
-    excerpt_request: str  # this request's text from the divergence on
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain data for stats."""
-        return dict(self.__dict__)
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:

@@ -17,7 +17,7 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
-from mlxlaunch.engine.job import EventSink, Job, SinkItem
+from mlxlaunch.engine.scheduling.job import EventSink, Job, SinkItem
 from mlxlaunch.engine.types import Done, GenerationRequest
 
 # Request fields that do not change what is generated: the messages are in the rendered

@@ -14,13 +14,12 @@ from typing import Any
 
 from mlx_lm.tokenizer_utils import NaiveStreamingDetokenizer, TokenizerWrapper
 
-from mlxlaunch.engine.decoding import NO_PLAN, DecodingPlan
-from mlxlaunch.engine.output import OutputParser, ParsedEvent, ParserConfig
+from mlxlaunch.engine.decoding.plan import NO_PLAN, DecodingPlan
+from mlxlaunch.engine.output.parser import OutputParser, ParsedEvent
 from mlxlaunch.engine.stats import RequestRecord
 from mlxlaunch.engine.types import (
     EngineEvent,
     GenerationRequest,
-    ModelInfo,
     Timings,
     ToolCallEvent,
 )
@@ -85,26 +84,6 @@ class OutputStream:
     def _count(self, events: list[ParsedEvent]) -> list[ParsedEvent]:
         self.tool_calls += sum(isinstance(e, ToolCallEvent) for e in events)
         return events
-
-
-def parser_config(info: ModelInfo, tokenizer: TokenizerWrapper, job: Job) -> ParserConfig:
-    """What the output parser needs: the model's markup and the request's tools and stops."""
-    request = job.request
-    return ParserConfig(
-        think_start=info.think_start,
-        think_end=info.think_end,
-        start_in_thinking=job.opens_thinking,
-        tool_call_start=info.tool_call_start,
-        tool_call_end=info.tool_call_end,
-        tool_parser=tokenizer.tool_parser,
-        tools=list(request.tools),
-        # Markup is a call only when tools were offered and calls are allowed; else it is text.
-        tools_enabled=bool(request.tools) and request.tool_choice.mode != "none",
-        stop_sequences=list(request.stop_sequences),
-        # Without parallel calls the turn ends after the first one.
-        max_tool_calls=None if request.tool_choice.parallel else 1,
-        calls_forced=bool(request.tools) and request.tool_choice.mode in ("any", "tool"),
-    )
 
 
 @dataclass(eq=False)

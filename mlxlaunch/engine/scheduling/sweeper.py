@@ -6,41 +6,16 @@ worker thread acts, between steps and never while a load or a request is in prog
 loads and requests run on that same thread and "a request" here spans its whole life, from
 the moment `submit` is called (before rendering) until its iterator is closed.
 
-This module imports nothing heavy: the CLI uses `parse_duration` to validate flags.
+Durations are parsed in `mlxlaunch.engine.settings` (free of MLX, for the CLI).
 """
 
 from __future__ import annotations
 
-import math
-import re
 import threading
 from collections.abc import Callable
 from typing import Literal
 
 SweepAction = Literal["clear", "unload"]
-
-_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$", re.IGNORECASE)
-_FOREVER = {"never", "forever", "always", "inf", "-1", "none"}
-
-
-def parse_duration(text: str | None) -> float | None:
-    """Seconds for a duration like `30m`, `90s`, `1.5h`, `2d` or `45`; None for "never".
-
-    `never` (also `forever`, `-1`, or no value) means keep loaded; `0` means unload as soon as
-    the engine is idle. Raises ValueError for anything else.
-    """
-    if text is None or text.strip().lower() in _FOREVER:
-        return None
-    match = _DURATION.match(text)
-    if match is None:
-        raise ValueError(
-            f"not a duration: {text!r} (use e.g. 30s, 30m, 2h, 0 for at once, never to keep)"
-        )
-    seconds = float(match.group(1)) * _UNITS[match.group(2).lower()]
-    if not math.isfinite(seconds):
-        raise ValueError(f"not a duration: {text!r}")
-    return seconds
 
 
 class IdleSweeper:

@@ -1,5 +1,8 @@
 """Attention for MLX's CPU backend, computed by NumPy on MLX's own buffers.
 
+`install` puts it behind mlx-lm's `scaled_dot_product_attention` in the loaded model modules
+when the engine runs on the CPU; `uninstall` puts back everything `install` changed.
+
 On the CPU, `mx.fast.scaled_dot_product_attention` falls back to plain MLX operations whose
 exponential runs at ~12 ns a value here; NumPy's is vectorised (AVX2/AVX-512 where the processor
 has them) at ~0.55 ns. With a long context the exponential is most of the cost of attention:
@@ -17,7 +20,8 @@ threads of its own on top of these oversubscribe the cores, and MLX's BLAS spinn
 made timings erratic (a 24-token prefill varied between 10 and 36 ms).
 
 Installed by the engine when it runs on the CPU (`install`), in place of mlx-lm's
-`scaled_dot_product_attention` in its model modules. mlx-lm's batch caches always pass a
+`scaled_dot_product_attention` in its model modules (the names it rebinds are listed in
+`mlx_lm_internals`). mlx-lm's batch caches always pass a
 boolean mask; for a lone sequence without padding that mask is plain causal attention and is
 treated as such (see `plain_mask`). Anything else — a GPU, batches of several sequences,
 padded or windowed masks, quantized KV caches, attention sinks — goes to mlx-lm's own function,
@@ -28,7 +32,6 @@ cache for them). Set MLXLAUNCH_CPU_ATTENTION=0 to keep mlx-lm's everywhere.
 from __future__ import annotations
 
 import os
-import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +40,8 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import BatchKVCache
+
+from mlxlaunch.engine.runtime import mlx_lm_internals as internals
 
 ENV_SWITCH = "MLXLAUNCH_CPU_ATTENTION"
 # Bytes of float32 scores one query block may take (one KV head's group of query heads).
@@ -62,6 +67,11 @@ MIN_QUERIES_HALF = 64
 _scratch = threading.local()
 _forward = threading.local()  # .last: the last layer's cache of this thread's forward pass
 _pool: ThreadPoolExecutor | None = None
+# What install changed outside this module, for uninstall: model class -> its own __call__
+# (or _INHERITED), and NumPy BLAS library controller -> its thread count before.
+_INHERITED = object()
+_wrapped_forwards: dict[type, Any] = {}
+_held_blas: dict[Any, int] = {}
 
 Attention = Callable[..., mx.array]
 
@@ -172,7 +182,7 @@ def plain_mask(queries: mx.array, keys: Any, mask: Any, cache: Any) -> Any:
         return mask
     if queries.shape[0] != 1 or mask.shape[-1] != keys.shape[-2]:
         return mask
-    if getattr(cache, "_right_padding", None) is not None:
+    if internals.right_padding(cache) is not None:
         return mask
     if not _unpadded(cache):
         return mask
@@ -188,7 +198,7 @@ def _unpadded(cache: Any) -> bool:
     evaluation (even of an evaluated array: ~0.35 ms a call, measured), so the answer is kept
     on the cache for as long as its `left_padding` array is the same object (mlx-lm replaces
     it only on merge, filter and extend)."""
-    padding = getattr(cache, "left_padding", None)
+    padding = internals.left_padding(cache)
     if not isinstance(padding, mx.array) or padding.size != 1:
         return False
     seen = getattr(cache, _VERDICT, None)
@@ -248,7 +258,7 @@ def _track_last_layer(model_class: type) -> None:
         return
 
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-        caches = kwargs.get("cache", args[1] if len(args) > 1 else None)
+        caches = internals.forward_cache(args, kwargs)
         outer = getattr(_forward, "last", None)
         _forward.last = caches[-1] if isinstance(caches, list | tuple) and caches else None
         try:
@@ -257,6 +267,9 @@ def _track_last_layer(model_class: type) -> None:
             _forward.last = outer
 
     __call__.mlxlaunch_forward = True  # type: ignore[attr-defined]
+    __call__.__wrapped__ = forward  # type: ignore[attr-defined]  # its signature, for inspect
+    # What uninstall puts back: the class's own entry, or nothing where it inherited one.
+    _wrapped_forwards.setdefault(model_class, vars(model_class).get("__call__", _INHERITED))
     model_class.__call__ = __call__  # type: ignore[method-assign]
 
 
@@ -271,32 +284,53 @@ def install(model: Any = None) -> int:
     """Put `attention` behind mlx-lm's `scaled_dot_product_attention` in every loaded
     mlx-lm model module (idempotent). Returns how many modules now use it. `model`: the
     loaded model, whose forward pass then tells which layer is its last (see
-    `_output_unread`)."""
+    `_output_unread`). `uninstall` undoes all of it."""
     if not enabled():
         return 0
     if model is not None:
         _track_last_layer(type(model))
-    try:
-        from mlx_lm.models import base
-    except ImportError:  # pragma: no cover - mlx-lm is a dependency
-        return 0
-    original = getattr(base, "scaled_dot_product_attention", None)
+    original = internals.base_attention()
     if original is None:
         return 0
     _start_threads()
     replacement = _replacement(original)
     patched = 0
     # `base` keeps mlx-lm's own: it is what the replacement falls back to.
-    for name, module in list(sys.modules.items()):
-        if not name.startswith("mlx_lm.models.") or module is None or module is base:
-            continue
-        current = getattr(module, "scaled_dot_product_attention", None)
+    for module in internals.model_modules():
+        current = internals.bound_attention(module)
         if current is original:
-            setattr(module, "scaled_dot_product_attention", replacement)  # noqa: B010
+            internals.bind_attention(module, replacement)
             patched += 1
         elif getattr(current, "mlxlaunch_original", None) is original:
             patched += 1
     return patched
+
+
+def uninstall() -> int:
+    """Undo every `install`: each model module calls mlx-lm's own attention again, wrapped
+    forward passes are the classes' own again, the task threads end and NumPy's BLAS gets its
+    thread count back. Returns how many modules were restored."""
+    global _pool
+    restored = 0
+    for module in internals.model_modules():
+        original = getattr(internals.bound_attention(module), "mlxlaunch_original", None)
+        if original is not None:
+            internals.bind_attention(module, original)
+            restored += 1
+    for model_class, own in _wrapped_forwards.items():
+        if own is _INHERITED:
+            del model_class.__call__
+        else:
+            model_class.__call__ = own  # type: ignore[method-assign]
+    _wrapped_forwards.clear()
+    pool, _pool = _pool, None
+    if pool is not None:
+        pool.shutdown(wait=True)
+    for library, threads in _held_blas.items():
+        if isinstance(threads, int):
+            library.set_num_threads(threads)
+    _held_blas.clear()
+    return restored
 
 
 def usable_cores() -> int:
@@ -333,6 +367,7 @@ def _single_threaded_numpy_blas() -> bool:
             continue
         path = os.path.abspath(library.filepath)
         if path.startswith(os.path.join(package, "numpy")):  # numpy/ or numpy.libs/
+            _held_blas.setdefault(library, library.num_threads)
             library.set_num_threads(1)
             held = True
     return held

@@ -2,12 +2,12 @@
 
 The worker asks `plan(tokens)` at admission and gets the longest reusable prefix and a private
 cache holding exactly that many tokens' KV; when a request ends it hands its cache back to
-`retain`. In memory the KV lives in a trie of token blocks (`cache_blocks`), or, for models
-whose caches cannot be cut at any position, as whole snapshots (`cache_snapshots`); both are
+`retain`. In memory the KV lives in a trie of token blocks (`blocks`), or, for models
+whose caches cannot be cut at any position, as whole snapshots (`snapshots`); both are
 least-recently-used under one byte budget, so side requests (titles, subagents) only evict the
 main conversation when the budget is truly full.
 
-Prefixes that get reused are also written to disk (`disk_cache`) while the engine is idle, and
+Prefixes that get reused are also written to disk (`disk`) while the engine is idle, and
 a new process restores the most recent ones when it loads the model, so the first turn of a new
 session does not pay the cold prefill of Claude Code's system prompt and tools again.
 
@@ -26,11 +26,11 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
-from mlxlaunch.engine.cache_blocks import DEFAULT_BLOCK_TOKENS, BlockTrie, is_block_cacheable
-from mlxlaunch.engine.cache_miss import Decode, MissTracker
-from mlxlaunch.engine.cache_snapshots import SnapshotStore
+from mlxlaunch.engine.cache.blocks import DEFAULT_BLOCK_TOKENS, BlockTrie, is_block_cacheable
+from mlxlaunch.engine.cache.disk import DiskCache, model_identity
+from mlxlaunch.engine.cache.misses import Decode, MissTracker
+from mlxlaunch.engine.cache.snapshots import SnapshotStore
 from mlxlaunch.engine.config import EngineConfig, default_cache_memory
-from mlxlaunch.engine.disk_cache import DiskCache, model_identity
 from mlxlaunch.engine.stats import CacheFigures
 
 # Eviction priority of the main conversation's blocks (side requests store with 0).
@@ -236,6 +236,13 @@ class PrefixCache:
                 restored += 1
         return restored
 
+    def restored_prompts(self) -> list[list[int]]:
+        """Token sequences of the disk entries a new process restores (newest first), for the
+        prompt renderer to remember (see PromptRenderer.warm)."""
+        if self.disk is None:
+            return []
+        return [entry.tokens.tolist() for entry in self.disk.recent(self.settings.restore)]
+
     def warm_start_cache(self, new_tokens: int) -> list[Any] | None:
         """A private copy of the most recently restored prefix's cache (None if there is
         none), for a throwaway warm-up prefill of `new_tokens` at the context length the first
@@ -254,7 +261,6 @@ class PrefixCache:
 
     def figures(self) -> CacheFigures:
         """The cache's current figures."""
-        last = self.misses.last
         return CacheFigures(
             bytes=self.memory.nbytes,
             budget_bytes=self.memory.budget_bytes,
@@ -268,7 +274,7 @@ class PrefixCache:
             disk_saves=self.disk.saves if self.disk is not None else 0,
             disk_rejected=self.disk.rejected if self.disk is not None else 0,
             warning=self.warning,
-            last_miss=last.as_dict() if last is not None else None,
+            last_miss=self.misses.last,
         )
 
 

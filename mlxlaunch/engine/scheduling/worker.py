@@ -1,4 +1,4 @@
-"""The engine worker: the one thread that owns MLX (a reusable one, see `mlx_thread`).
+"""The engine worker: the one thread that owns MLX (a reusable one, see `runtime/mlx_thread`).
 
 Every MLX call — loading, prefill, decode, cache handling — happens on this thread. Other
 threads hand it work with `post(fn)` (a callable run between steps); results go back through
@@ -22,19 +22,20 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import make_sampler
 
-from mlxlaunch.engine import cpu_attention, freed_memory
+from mlxlaunch.engine.cache.prefix import PrefixCache, cache_settings
 from mlxlaunch.engine.config import EngineConfig
-from mlxlaunch.engine.constrain import forget_tokenizer
-from mlxlaunch.engine.first_token import sampled_first_tokens
-from mlxlaunch.engine.job import Job, OutputStream, parser_config
-from mlxlaunch.engine.loader import LoadedModel, load_model
-from mlxlaunch.engine.memory import MemoryBudget, apply_memory_limits, kv_bytes_per_token
-from mlxlaunch.engine.mlx_thread import run_on_mlx_thread
-from mlxlaunch.engine.output import OutputParser
-from mlxlaunch.engine.prefix_cache import PrefixCache, cache_settings
-from mlxlaunch.engine.render import PromptRenderer, restored_prompts
+from mlxlaunch.engine.decoding.grammar import forget_tokenizer
+from mlxlaunch.engine.output.parser import OutputParser, parser_config
+from mlxlaunch.engine.prompt.render import PromptRenderer
+from mlxlaunch.engine.runtime import cpu_attention, freed_memory
+from mlxlaunch.engine.runtime.loader import LoadedModel, load_model
+from mlxlaunch.engine.runtime.memory import MemoryBudget, apply_memory_limits, kv_bytes_per_token
+from mlxlaunch.engine.runtime.mlx_thread import run_on_mlx_thread
+from mlxlaunch.engine.runtime.warmup import RESTORED_WARMUP_TOKENS, warm_up_loaded
+from mlxlaunch.engine.scheduling.first_token import sampled_first_tokens
+from mlxlaunch.engine.scheduling.job import Job, OutputStream
+from mlxlaunch.engine.scheduling.sweeper import IdleSweeper
 from mlxlaunch.engine.stats import StatsBook
-from mlxlaunch.engine.sweeper import IdleSweeper
 from mlxlaunch.engine.types import (
     Admitted,
     Done,
@@ -46,7 +47,6 @@ from mlxlaunch.engine.types import (
     Timings,
     Usage,
 )
-from mlxlaunch.engine.warmup import RESTORED_WARMUP_TOKENS, warm_up_loaded
 
 Command = Callable[[], None]
 
@@ -281,11 +281,10 @@ class Worker:
             self._memory.check(job.prompt_tokens + job.max_tokens)
         generator = self._batch_generator()
         request = job.request
-        job.output = OutputStream(
-            loaded.tokenizer,
-            OutputParser(parser_config(loaded.info, loaded.tokenizer, job)),
-            self.tokenizer_lock,
+        config = parser_config(
+            loaded.info, loaded.tokenizer.tool_parser, request, opens_thinking=job.opens_thinking
         )
+        job.output = OutputStream(loaded.tokenizer, OutputParser(config), self.tokenizer_lock)
         sampling = request.sampling
         sampler: Any = None  # None: the generator's shared greedy sampler
         if sampling.temperature > 0:
@@ -504,7 +503,8 @@ class Worker:
         self._memory = self._memory_budget(loaded)
         self._prefix = self._make_prefix_cache(loaded)
         self.renderer = PromptRenderer(loaded.tokenizer, self.tokenizer_lock)
-        self.renderer.warm(restored_prompts(self._prefix))  # first prompt: incremental
+        restored = self._prefix.restored_prompts() if self._prefix is not None else []
+        self.renderer.warm(restored)  # the first prompt that continues one: incremental
         warm_up_loaded(  # MLX's first-pass set-up now, not in the first request's TTFT
             loaded.base_model,
             width=self.config.max_concurrency,
@@ -662,7 +662,7 @@ class Worker:
             self.unload(concurrent.futures.Future())
         elif action == "clear":
             mx.clear_cache()
-            freed_memory.release()  # what the C allocator kept (see freed_memory.py)
+            freed_memory.release()  # what the C allocator kept (see runtime/freed_memory.py)
             self.stats.count(idle_cache_clears=1)
         else:
             return

@@ -1,0 +1,1 @@
+"""engine/prompt: chat-template rendering, incremental tokenization and system turns."""

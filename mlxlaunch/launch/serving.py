@@ -1,0 +1,160 @@
+"""One serving lifetime for `mlx serve` and `mlx launch claude`: engine, server and state file.
+
+`serving()` builds the three in one order and takes them down in the reverse one, whether the
+block ends normally or by Ctrl-C, SIGTERM or SIGHUP: the state file goes, the server drains
+(requests in flight get `DRAIN_S` to finish, then an `overloaded_error`), the engine closes.
+
+The model's output is its own, but for `--model demo` (scripted replies, testing/demo.py) and
+where a caller passes a `logits_hook`: that is how tests script a served model. The `mlx`
+command never passes one; no environment variable reaches it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from rich.console import Console
+
+from mlxlaunch.engine.config import EngineConfig, LogitsHook
+from mlxlaunch.engine.engine import Engine
+from mlxlaunch.engine.settings import DEFAULT_CACHE_DISK, cache_config, engine_tuning
+from mlxlaunch.launch.child import terminating_like_ctrl_c
+from mlxlaunch.launch.models import ChosenModel, demo_replies
+from mlxlaunch.launch.state import RunKind, RunState, remove_state, write_state
+from mlxlaunch.launch.warm import warm_up_in_background
+from mlxlaunch.server.app import ServerSettings
+from mlxlaunch.server.runner import DEFAULT_DRAIN_S, ServerHandle, start_server
+
+# How long requests still in flight when serving ends (Ctrl-C, claude exiting) may finish
+# before they are answered "server is shutting down"; the same for both commands.
+DRAIN_S = DEFAULT_DRAIN_S
+
+# When the weights load: before serving starts, in the background while the user types (the
+# first request shares that load), or when the first request needs them.
+ModelLoad = Literal["now", "background", "on first request"]
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """The engine options both commands take, as the user wrote them (None: the default)."""
+
+    context_length: int | None = None
+    max_concurrency: int | None = None
+    idle_clear: str | None = None
+    keep_alive: str | None = None
+    memory_fraction: float | None = None
+    cache_memory: str = "auto"  # prefix cache: memory budget, saved-prefix dir, disk budget
+    cache_dir: Path | None = None
+    cache_disk: str = DEFAULT_CACHE_DISK
+
+    def config_arguments(self) -> dict[str, Any]:
+        """EngineConfig keyword arguments for everything but the model and its logits hook.
+
+        Raises:
+            ConfigError: a keep-alive or idle-clear that is not a duration (the CLI checks its
+                own options; the user's settings file can still hold one).
+        """
+        return {
+            "context_length": self.context_length,
+            **engine_tuning(
+                max_concurrency=self.max_concurrency,
+                idle_clear=self.idle_clear,
+                keep_alive=self.keep_alive,
+                memory_fraction=self.memory_fraction,
+            ),
+            **cache_config(self.cache_memory, self.cache_dir, self.cache_disk),
+        }
+
+
+@dataclass(frozen=True)
+class Serving:
+    """A model being served: what the announcement, the state file and clients need."""
+
+    model: ChosenModel
+    engine: Engine
+    server: ServerHandle
+    context_window: int  # tokens, as served (the loaded model's, or read from its config)
+
+    @property
+    def url(self) -> str:
+        """The base URL clients use, e.g. `http://127.0.0.1:8080`."""
+        return self.server.url
+
+
+@contextlib.contextmanager
+def serving(
+    model: ChosenModel,
+    engine_options: EngineOptions,
+    settings: ServerSettings,
+    *,
+    kind: RunKind,
+    console: Console,
+    load: ModelLoad = "now",
+    log_file: Path | None = None,
+    log_level: str = "warning",
+    logits_hook: LogitsHook | None = None,
+) -> Iterator[Serving]:
+    """Serve `model` for the duration of the block, then drain, stop and clean up.
+
+    Args:
+        model: the resolved model to serve.
+        engine_options: the engine's options.
+        settings: the HTTP server's (interface, port, token, the model id it lists).
+        kind: what the state file says is running (`mlx ps` shows it).
+        console: where the loading spinner goes (when `load` is "now").
+        load: when the weights load.
+        log_file: the server log the state file points to (None: the terminal).
+        log_level: uvicorn's own log level.
+        logits_hook: scripted output in place of the model's own (tests); None: the model's,
+            or the demo's replies for `--model demo`.
+
+    Raises:
+        ConfigError: a bad engine setting, or the port is taken.
+    """
+    hook = logits_hook if logits_hook is not None else demo_replies(model.name)
+    config = EngineConfig(
+        model=str(model.path), logits_hook=hook, **engine_options.config_arguments()
+    )
+    with terminating_like_ctrl_c(), contextlib.ExitStack() as stack:
+        engine = Engine(config)
+        engine.start()
+        stack.callback(engine.close)
+        server = start_server(engine, settings, log_level=log_level)
+        stack.callback(server.stop, DRAIN_S)
+        window = _load(engine, model, load, console, engine_options.context_length)
+        served = Serving(model, engine, server, window)
+        write_state(
+            RunState(
+                pid=os.getpid(),
+                url=server.url,
+                token=settings.auth_token or "",
+                model=model.name,
+                model_path=str(model.path),
+                log_file=str(log_file or ""),
+                kind=kind,
+            )
+        )
+        stack.callback(remove_state, os.getpid())
+        yield served
+
+
+def _load(
+    engine: Engine,
+    model: ChosenModel,
+    load: ModelLoad,
+    console: Console,
+    context_length: int | None,
+) -> int:
+    """Start loading as `load` says; the context window that will be served."""
+    if load == "now":
+        with console.status(f"Loading {model.name}…"):
+            return asyncio.run(engine.load()).context_window
+    if load == "background":
+        warm_up_in_background(engine)  # the model and its cached prefixes, while the user types
+    return model.context_window(context_length)

@@ -1,0 +1,76 @@
+"""TEST-ONLY: the `mlx` command with scripted model output, for tests that run it as a process.
+
+    python tests/scripted_mlx.py SCRIPT.json serve --model tiny --port 0
+
+`SCRIPT.json` holds the replies, one per request in order (a bare list works too):
+
+    {"outputs": ["plain text reply", {"text": "..."}, {"tokens": [12, 34]}]}
+
+Once they are used up the model samples normally. The product reads no test hook of its own:
+this script hands a `ScriptedOutput` to `cli.main.main`, whose serving commands pass it on as
+the engine's logits hook (cli/app.py `Overrides`, launch/serving.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mlxlaunch.testing.scripted import ScriptedOutput
+
+SCRIPT = Path(__file__).resolve()
+
+
+def scripted_mlx_command(script: Path) -> list[str]:
+    """The command line that runs `mlx` with the replies in `script`; append its arguments."""
+    return [sys.executable, str(SCRIPT), str(script)]
+
+
+def write_script(path: Path, outputs: list[Any]) -> Path:
+    """Write `outputs` (texts, `{"text": …}` or `{"tokens": […]}`) as a script; returns `path`."""
+    path.write_text(json.dumps({"outputs": outputs}), encoding="utf-8")
+    return path
+
+
+def read_script(path: Path) -> ScriptedOutput:
+    """The ScriptedOutput that replies with what `path` lists."""
+    from mlxlaunch.testing.scripted import ScriptedOutput
+
+    data: Any = json.loads(path.read_text(encoding="utf-8"))
+    scripted = ScriptedOutput()
+    for item in data.get("outputs", []) if isinstance(data, dict) else data:
+        if isinstance(item, str):
+            scripted.enqueue(text=item)
+        elif isinstance(item, dict) and "tokens" in item:
+            scripted.enqueue(tokens=[int(t) for t in item["tokens"]])
+        elif isinstance(item, dict) and "text" in item:
+            scripted.enqueue(text=str(item["text"]))
+        else:
+            raise ValueError(f"{path}: cannot read output {item!r}")
+    return scripted
+
+
+def main(argv: list[str]) -> int:
+    """Run `mlx ARGS…` with the replies of `argv[0]`, as `mlx`'s own entry point would."""
+    from mlxlaunch.blas import use_optimised_blas
+
+    use_optimised_blas()  # before ScriptedOutput imports mlx, as `mlx` itself does
+    from mlxlaunch.cli.app import Overrides
+    from mlxlaunch.cli.main import main as mlx_main
+
+    scripted = read_script(Path(argv[0]))
+    return mlx_main(argv[1:], overrides=Overrides(logits_hook=scripted))
+
+
+if __name__ == "__main__":
+    code = main(sys.argv[1:])
+    # As `mlx` does (cli/main.py `entry`): no interpreter teardown once MLX ran on a thread.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
