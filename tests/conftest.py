@@ -16,6 +16,8 @@ from model_backed import model_backed
 
 from mlxlaunch.blas import use_optimised_blas
 
+pytest_plugins = ["hub_fixtures"]
+
 # First, before any test imports mlx: libmlx binds its matmul to the first BLAS loaded, so the
 # suite runs on an installed OpenBLAS like `mlx` does, and on the reference BLAS without one.
 BLAS = use_optimised_blas()

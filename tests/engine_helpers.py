@@ -4,6 +4,7 @@ building engines (alone or behind a live server) on a test model."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
@@ -80,3 +81,19 @@ def served_engine(model_dir: Path, token: str) -> Iterator[tuple[Engine, ServerH
     finally:
         handle.stop()
         engine.close()
+
+
+class FakeClock:
+    """A monotonic clock that moves only when told to (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._now = 1000.0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            return self._now
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self._now += seconds

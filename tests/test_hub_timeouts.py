@@ -11,11 +11,10 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fakehub import TINY_REPO, FakeHub, SilentHub, serve_test_repos
+from fakehub import TINY_REPO, FakeHub, SilentHub
 
 from mlxlaunch.errors import ConfigError, NetworkError
 from mlxlaunch.store import list_models, plan_pull, pull
@@ -24,25 +23,6 @@ from mlxlaunch.store.hub_timeouts import HUB_TIMEOUT_ENV, HubTimeout, HubTimeout
 FAST = HubTimeouts(read_s=1.0, connect_s=1.0)
 # Far above what 1 s timeouts need, far below "forever" (the bug: still waiting at 180 s).
 BOUND_S = 40.0
-
-
-@pytest.fixture
-def hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    cache = tmp_path / "hub"
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setenv("MLXLAUNCH_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    return cache
-
-
-@pytest.fixture
-def hub(
-    hub_cache: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[FakeHub]:
-    with FakeHub() as server:
-        serve_test_repos(server, tiny_model_dir)
-        monkeypatch.setenv("HF_ENDPOINT", server.url)
-        yield server
 
 
 @pytest.mark.slow

@@ -9,29 +9,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 from deadlines import PROCESS_EXIT_S, PROCESS_START_S
-from fakehub import TINY_REPO, FakeHub, serve_test_repos
+from fakehub import TINY_REPO, FakeHub
 from test_serve_cli import _read_announcement, _start_serve
 
 from mlxlaunch.cli.main import main
 
 pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model
-
-
-@pytest.fixture
-def hub(tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    monkeypatch.setenv("MLXLAUNCH_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    with FakeHub() as server:
-        serve_test_repos(server, tiny_model_dir)
-        monkeypatch.setenv("HF_ENDPOINT", server.url)
-        yield server
 
 
 def test_a_pulled_repo_is_served_by_its_id_without_asking_the_hub(hub: FakeHub) -> None:

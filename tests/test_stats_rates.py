@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import anthropic
 import httpx
 import pytest
+from engine_helpers import FakeClock
 from rich.text import Text
 from textual.widgets import Static
 
@@ -30,22 +30,6 @@ from mlxlaunch.server.runner import ServerHandle, start_server
 
 TOKEN = "rates-token"
 WAIT_S = 30.0  # a hang, not a measurement
-
-
-class FakeClock:
-    """A monotonic clock that moves only when told to (thread-safe)."""
-
-    def __init__(self) -> None:
-        self._now = 1000.0
-        self._lock = threading.Lock()
-
-    def __call__(self) -> float:
-        with self._lock:
-            return self._now
-
-    def advance(self, seconds: float) -> None:
-        with self._lock:
-            self._now += seconds
 
 
 def test_speeds_hold_within_the_window_and_read_zero_after_it() -> None:

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fakehub import NON_MLX_FILES, TINY_REPO, FakeHub, FakeRepo, serve_test_repos
+from fakehub import NON_MLX_FILES, TINY_REPO, FakeHub, FakeRepo
 
 from mlxlaunch.errors import ModelNotFound, NetworkError
 from mlxlaunch.store import (
@@ -23,26 +22,6 @@ from mlxlaunch.store.progress import SilentProgress
 pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model
 
 GIB = 1024**3
-
-
-@pytest.fixture
-def hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_model_dir: Path) -> Path:
-    """An empty hub cache and mlxlaunch home (the tiny model is built before the env changes)."""
-    cache = tmp_path / "hub"
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setenv("MLXLAUNCH_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    return cache
-
-
-@pytest.fixture
-def hub(
-    hub_cache: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[FakeHub]:
-    with FakeHub() as server:
-        serve_test_repos(server, tiny_model_dir)
-        monkeypatch.setenv("HF_ENDPOINT", server.url)
-        yield server
 
 
 def _sha256(path: Path) -> str:

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from engine_helpers import collect, engine_maker
+from engine_helpers import FakeClock, collect, engine_maker
 from engine_helpers import wait_until as shared_wait_until
 from typer.testing import CliRunner
 
@@ -28,22 +27,6 @@ from mlxlaunch.testing.scripted import ScriptedOutput
 
 POLL_S = 0.01  # the worker's idle poll in these tests
 wait_until = functools.partial(shared_wait_until, poll_s=POLL_S)
-
-
-class FakeClock:
-    """A monotonic clock that moves only when told to (thread-safe)."""
-
-    def __init__(self) -> None:
-        self._now = 1000.0
-        self._lock = threading.Lock()
-
-    def __call__(self) -> float:
-        with self._lock:
-            return self._now
-
-    def advance(self, seconds: float) -> None:
-        with self._lock:
-            self._now += seconds
 
 
 def request(name: str, max_tokens: int = 4) -> GenerationRequest:
