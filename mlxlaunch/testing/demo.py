@@ -71,9 +71,8 @@ def value_for(schema: Any) -> Any:
     """A small value that satisfies the simple JSON schemas clients ask for."""
     if not isinstance(schema, dict):
         return "mlxlaunch demo"
-    for key in ("const",):
-        if key in schema:
-            return schema[key]
+    if "const" in schema:
+        return schema["const"]
     if isinstance(schema.get("enum"), list) and schema["enum"]:
         return schema["enum"][0]
     for key in ("anyOf", "oneOf"):
