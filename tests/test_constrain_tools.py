@@ -235,7 +235,7 @@ def test_no_constraint_when_nothing_is_forced(tiny: tuple[Any, Any]) -> None:
     [
         (TOOLS, ToolChoice("tool", name="Nope"), "json_tools", "not offered"),
         ([], ToolChoice("any"), "json_tools", "at least one tool"),
-        (TOOLS, ToolChoice("any"), "mistral", "supported: json_tools, qwen3_coder"),
+        (TOOLS, ToolChoice("any"), "function_gemma", "cannot force tool calls.*supported: "),
     ],
 )
 def test_impossible_tool_choices_are_invalid_requests(
@@ -247,7 +247,32 @@ def test_impossible_tool_choices_are_invalid_requests(
 
 
 def test_supported_families() -> None:
-    assert supported_families() == ["json_tools", "qwen3_coder"]
+    families = supported_families()
+    assert {"json_tools", "qwen3_coder", "glm47", "minimax_m2", "kimi_k2", "mistral"} <= set(
+        families
+    )
+    assert {"deepseek_v31", "deepseek_v32", "llama3_json", "gemma4"} <= set(families)
+    assert "function_gemma" not in families
+    assert families == sorted(families)
+
+
+def test_a_raw_string_parameter_ends_before_its_length_limit(tiny: tuple[Any, Any]) -> None:
+    """Raw text followed by a spelled closer is one lazy lexeme: a greedy text lexeme would
+    swallow "\n</parameter" and could end only at maxLength (or, unbounded, never)."""
+    model, tokenizer = tiny
+    unbounded = ToolSpec(
+        "Bash", "", {"type": "object", "properties": {"command": {"type": "string"}}}
+    )
+    for tool in (BASH, unbounded):
+        constraint = tool_call_constraint(
+            tokenizer, [tool], ToolChoice("any", parallel=False), family="qwen3_coder"
+        )
+        assert constraint is not None
+        call = (
+            "<tool_call>\n<function=Bash>\n<parameter=command>\nls\n</parameter>\n"
+            "</function>\n</tool_call>"
+        )
+        assert follows(constraint, tokenizer, prompt_tokens(tokenizer), call, model.args.vocab_size)
 
 
 def test_claude_code_tool_schemas_compile(tiny: tuple[Any, Any]) -> None:

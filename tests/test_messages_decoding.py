@@ -61,9 +61,9 @@ def test_which_constraint_applies(tokenizer: Any) -> None:
     assert forced.constrained and not isinstance(forced.constraint, JsonConstraint)
     assert _plan(tokenizer, tools=[STRICT]).constrained
     # strict is best effort where the syntax has no grammar; forcing a call there is refused
-    assert not _plan(tokenizer, "mistral", tools=[STRICT]).constrained
+    assert not _plan(tokenizer, "function_gemma", tools=[STRICT]).constrained
     with pytest.raises(InvalidRequest, match="cannot force"):
-        _plan(tokenizer, "mistral", tools=[TOOL], tool_choice=ToolChoice("any"))
+        _plan(tokenizer, "function_gemma", tools=[TOOL], tool_choice=ToolChoice("any"))
     with pytest.raises(InvalidRequest):
         _plan(tokenizer, response_schema={"type": "object", "properties": {"a": {"type": 7}}})
 

@@ -37,7 +37,7 @@ FORBIDDEN_LIBS = {
 
 # The engine's face: the only engine modules other rooms import. `engine.py` wires the
 # sub-rooms together; the others are the vocabulary every sub-room shares, and import none.
-ENGINE_FACE = {"engine", "types", "config", "settings", "stats"}
+ENGINE_FACE = {"engine", "types", "config", "settings", "stats", "tool_ids"}
 ENGINE_VOCABULARY = ENGINE_FACE - {"engine"}
 
 # engine sub-room -> sub-rooms it may import (each may import the vocabulary; none imports

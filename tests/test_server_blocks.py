@@ -19,6 +19,8 @@ from mlxlaunch.engine.types import (
     TextDelta,
     ThinkingDelta,
     ToolCallEvent,
+    ToolCallStart,
+    ToolInputDelta,
     Usage,
 )
 from mlxlaunch.protocol.grammar import check_stream
@@ -179,3 +181,66 @@ def test_event_after_done_is_a_bug() -> None:
     blocks.feed(_done())
     with pytest.raises(RuntimeError):
         blocks.feed(TextDelta("late"))
+
+
+STREAMED_ARGS = '{"file_path": "/tmp/a.py", "content": "print(1)\\n"}'
+
+
+def _streamed_call(call_id: str, name: str, arguments: str, cut: int) -> list[EngineEvent]:
+    """A call whose arguments arrive in pieces of `cut` characters while they are written."""
+    pieces = [arguments[i : i + cut] for i in range(0, len(arguments), cut)]
+    return [
+        ToolCallStart(call_id, name),
+        *(ToolInputDelta(call_id, p) for p in pieces),
+        ToolCallEvent(call_id, name, arguments),
+    ]
+
+
+def test_streamed_tool_input_reaches_the_client_in_pieces() -> None:
+    events: list[EngineEvent] = [
+        TextDelta("Writing."),
+        *_streamed_call("toolu_w", "Write", STREAMED_ARGS, 5),
+        *_streamed_call("toolu_r", "Read", '{"file_path": "/tmp/a.py"}', 3),
+        _done("tool_use"),
+    ]
+    sse, message = _run(events)
+    frames = list(parse_frames(sse.decode()))
+    check_stream(frames)
+    deltas = [
+        f.json()["delta"]["partial_json"]
+        for f in frames
+        if f.event == "content_block_delta" and f.json()["index"] == 1
+    ]
+    assert len(deltas) == -(-len(STREAMED_ARGS) // 5)  # one per piece, none held back
+    assert "".join(deltas) == STREAMED_ARGS
+    assert message["content"][1] == {
+        "type": "tool_use",
+        "id": "toolu_w",
+        "name": "Write",
+        "input": json.loads(STREAMED_ARGS),
+    }
+    assert message["content"][2]["input"] == {"file_path": "/tmp/a.py"}
+    assert _sdk_message(sse)["content"] == message["content"]
+
+
+def test_a_started_call_without_pieces_sends_its_arguments_whole() -> None:
+    events: list[EngineEvent] = [
+        ToolCallStart("toolu_x", "Bash"),
+        ToolCallEvent("toolu_x", "Bash", '{"command": "ls"}'),
+        _done("tool_use"),
+    ]
+    sse, message = _run(events)
+    check_stream(parse_frames(sse.decode()))
+    assert message["content"] == [
+        {"type": "tool_use", "id": "toolu_x", "name": "Bash", "input": {"command": "ls"}}
+    ]
+    assert _sdk_message(sse)["content"] == message["content"]
+
+
+def test_streamed_tool_input_opens_the_block_before_the_arguments_end() -> None:
+    blocks = ContentBlockStream(message_id="m", model="x")
+    blocks.feed(Admitted("r", prompt_tokens=10, cached_tokens=0, max_tokens=50))
+    opened = blocks.feed(ToolCallStart("toolu_s", "Edit"))
+    assert [type(e).__name__ for e in opened] == ["ContentBlockStartEvent"]
+    piece = blocks.feed(ToolInputDelta("toolu_s", '{"old'))
+    assert [type(e).__name__ for e in piece] == ["ContentBlockDeltaEvent"]

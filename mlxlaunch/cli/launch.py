@@ -25,6 +25,7 @@ from mlxlaunch.cli.scheduler_options import (
     KeepAliveOption,
     MaxConcurrencyOption,
     MemoryFractionOption,
+    ToolFormatOption,
 )
 from mlxlaunch.engine.settings import DEFAULT_CACHE_DISK
 from mlxlaunch.errors import ConfigError
@@ -140,6 +141,7 @@ def claude(
     cache_memory: CacheMemoryOption = "auto",
     cache_dir: CacheDirOption = None,
     cache_disk: CacheDiskOption = DEFAULT_CACHE_DISK,
+    tool_format: ToolFormatOption = None,
     preload: Annotated[
         bool, typer.Option("--preload", help="Load the model before claude starts.")
     ] = False,
@@ -198,6 +200,7 @@ def claude(
             cache_memory=cache_memory,
             cache_dir=cache_dir,
             cache_disk=cache_disk,
+            tool_format=tool_format,
         ),
         max_output_tokens=max_output_tokens,
         preload=preload,

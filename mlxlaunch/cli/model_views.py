@@ -15,6 +15,7 @@ from rich.text import Text
 from mlxlaunch.cli.layout import Cell, Column, Record, print_lines, print_report, record_blocks
 from mlxlaunch.store import CatalogEntry, LocalModel
 from mlxlaunch.store.facts import read_chat_template, template_features
+from mlxlaunch.store.generation_config import describe_sampling
 from mlxlaunch.store.memory import format_bytes, memory_fit
 
 LIST_COLUMNS = (
@@ -147,10 +148,13 @@ def catalog_json(entries: Sequence[CatalogEntry]) -> list[dict[str, Any]]:
 def info_json(model: LocalModel, *, test_model: bool = False) -> dict[str, Any]:
     """Everything known about a local model, as one JSON document."""
     features = template_features(read_chat_template(model.path))
+    sampling = model.facts.sampling_defaults
     return model.as_json() | {
         "test_model": test_model,
         "problems": model.facts.problems(),
         "template_features": features.names(),
+        "sampling_defaults": sampling.stated(),  # {} when the model recommends none
+        "sampling_ignored": list(sampling.ignored),
         "files": sorted(p.name for p in model.path.iterdir()),
         "memory": memory_fit(model.facts.weights_bytes).describe(),
     }
@@ -164,6 +168,12 @@ def _architecture(model_type: str | None, supported: bool) -> str:
     if model_type is None:
         return "unknown (config.json names none)"
     return f"{model_type} ({'mlx-lm supports it' if supported else 'not in this mlx-lm'})"
+
+
+def _sampling(stated: dict[str, float | int], ignored: list[str]) -> str:
+    """The model's recommended sampling in words, and what of it was left out."""
+    text = describe_sampling(stated) or "none recommended (generation_config.json states none)"
+    return f"{text}; ignored: {'; '.join(ignored)}" if ignored else text
 
 
 def info_fields(data: dict[str, Any]) -> list[tuple[str, str]]:
@@ -185,6 +195,7 @@ def info_fields(data: dict[str, Any]) -> list[tuple[str, str]]:
         ("tool format", data["tool_format"] or "none found"),
         ("thinking", yes_no(data["thinking"])),
         ("template", _words(data["template_features"])),
+        ("sampling", _sampling(data["sampling_defaults"], data["sampling_ignored"])),
         ("memory", data["memory"]),
         ("problems", "; ".join(data["problems"]) or "none"),
         ("last used", ago(data["last_used"])),

@@ -12,6 +12,7 @@ import typer
 
 from mlxlaunch.config import MIN_CONTEXT_LENGTH, check_context_length
 from mlxlaunch.engine.settings import parse_duration
+from mlxlaunch.store.dialects import DIALECTS, dialect_named
 
 DEFAULT_IDLE_CLEAR = "30s"
 DEFAULT_MEMORY_FRACTION = 0.85
@@ -66,4 +67,24 @@ KeepAliveOption = Annotated[
 MemoryFractionOption = Annotated[
     float,
     typer.Option(min=0.05, max=1.0, help="Share of RAM MLX may use (its memory limit)."),
+]
+
+
+def _tool_format(value: str | None) -> str | None:
+    if value is not None:
+        try:
+            dialect_named(value)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from exc
+    return value
+
+
+ToolFormatOption = Annotated[
+    str | None,
+    typer.Option(
+        callback=_tool_format,
+        help="The model's tool-call format, for a model whose chat template does not show it "
+        f"(default: detected). One of: {', '.join(sorted(DIALECTS))}.",
+        show_default=False,
+    ),
 ]

@@ -22,6 +22,7 @@ from mlxlaunch.cli.scheduler_options import (
     KeepAliveOption,
     MaxConcurrencyOption,
     MemoryFractionOption,
+    ToolFormatOption,
 )
 from mlxlaunch.engine.settings import DEFAULT_CACHE_DISK
 
@@ -67,6 +68,7 @@ def serve(
     cache_memory: CacheMemoryOption = "auto",
     cache_dir: CacheDirOption = None,
     cache_disk: CacheDiskOption = DEFAULT_CACHE_DISK,
+    tool_format: ToolFormatOption = None,
     preload: Annotated[
         bool, typer.Option("--preload/--no-preload", help="Load the model before serving.")
     ] = True,
@@ -112,6 +114,7 @@ def serve(
             cache_memory=cache_memory,
             cache_dir=cache_dir,
             cache_disk=cache_disk,
+            tool_format=tool_format,
         ),
     )
     serve_model(options, console=_console, logits_hook=overrides(ctx).logits_hook)

@@ -80,6 +80,8 @@ class EngineConfig:
         cache_disk_bytes: budget of `cache_dir`, least recently used entries go first.
         cache_block_tokens: tokens per block of the prefix cache's trie.
         cache_restore: disk entries of this model restored into memory at load (warm start).
+        tool_format: the model's tool-call format by name (`store.dialects.DIALECTS`), for a
+            model whose template hides it; None: detected from the tokenizer and template.
     """
 
     model: str
@@ -102,6 +104,7 @@ class EngineConfig:
     cache_disk_bytes: int = DEFAULT_CACHE_DISK_BYTES
     cache_block_tokens: int = 256
     cache_restore: int = 4
+    tool_format: str | None = None
 
     def __post_init__(self) -> None:
         if self.cache_block_tokens < 1:

@@ -9,6 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from mlxlaunch.store.dialects import Dialect
+from mlxlaunch.store.generation_config import NO_DEFAULTS, SamplingDefaults
+
 Role = Literal["system", "user", "assistant", "tool"]
 
 
@@ -50,11 +53,17 @@ class ChatMessage:
 
 @dataclass(frozen=True)
 class Sampling:
-    """Sampling parameters; temperature 0 means greedy."""
+    """A request's sampling parameters; temperature 0 means greedy.
 
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
+    None: the client did not set it; the model's recommended value applies then (its
+    `ModelInfo.sampling_defaults`), else the engine's fallback (`decoding/sampling.py`).
+    """
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None  # 0: off
+    min_p: float | None = None  # 0: off
+    repetition_penalty: float | None = None  # 1: off
     seed: int | None = None
 
 
@@ -150,8 +159,29 @@ class ThinkingDelta:
 
 
 @dataclass(frozen=True)
+class ToolCallStart:
+    """A tool call whose name is known while its arguments are still being generated; they
+    follow as `ToolInputDelta` pieces and the call ends with its `ToolCallEvent`."""
+
+    id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class ToolInputDelta:
+    """The next piece of a started call's arguments (JSON text; the pieces concatenate to
+    the call's final `arguments`)."""
+
+    id: str
+    partial_json: str
+
+
+@dataclass(frozen=True)
 class ToolCallEvent:
-    """One complete tool call. `arguments` is the JSON text of the arguments object."""
+    """One complete tool call. `arguments` is the JSON text of the arguments object.
+
+    A call announced by `ToolCallStart` (same id) ends here; its `ToolInputDelta` pieces
+    concatenate to `arguments`. A call without a start arrives whole."""
 
     id: str
     name: str
@@ -166,7 +196,16 @@ class Done:
     timings: Timings = field(default_factory=Timings)
 
 
-EngineEvent = Admitted | Progress | TextDelta | ThinkingDelta | ToolCallEvent | Done
+EngineEvent = (
+    Admitted
+    | Progress
+    | TextDelta
+    | ThinkingDelta
+    | ToolCallStart
+    | ToolInputDelta
+    | ToolCallEvent
+    | Done
+)
 
 
 @dataclass(frozen=True)
@@ -237,6 +276,8 @@ class ModelInfo:
     think_end: str | None = None
     tool_call_start: str | None = None
     tool_call_end: str | None = None
-    tool_format: str | None = None  # mlx-lm tool parser module, e.g. "json_tools"
+    tool_format: str | None = None  # the dialect's name, e.g. "json_tools", "harmony"
+    dialect: Dialect | None = None  # how the model writes tool calls and thinking
     vision: bool = False
     eos_token_ids: tuple[int, ...] = ()
+    sampling_defaults: SamplingDefaults = NO_DEFAULTS  # from generation_config.json

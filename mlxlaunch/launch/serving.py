@@ -52,6 +52,7 @@ class EngineOptions:
     cache_memory: str = "auto"  # prefix cache: memory budget, saved-prefix dir, disk budget
     cache_dir: Path | None = None
     cache_disk: str = DEFAULT_CACHE_DISK
+    tool_format: str | None = None
 
     def config_arguments(self) -> dict[str, Any]:
         """EngineConfig keyword arguments for everything but the model and its logits hook.
@@ -62,6 +63,7 @@ class EngineOptions:
         """
         return {
             "context_length": self.context_length,
+            "tool_format": self.tool_format,
             **engine_tuning(
                 max_concurrency=self.max_concurrency,
                 idle_clear=self.idle_clear,

@@ -34,6 +34,7 @@ from mlxlaunch.engine.types import (
     TextDelta,
     ThinkingDelta,
     ToolCallEvent,
+    ToolCallStart,
 )
 from mlxlaunch.protocol.errors import describe_validation_error, error_body
 from mlxlaunch.protocol.events import ErrorEvent, PingEvent
@@ -56,7 +57,7 @@ from mlxlaunch.server.streaming import (
 
 log = logging.getLogger("mlxlaunch.server")
 
-OUTPUT_EVENTS = (TextDelta, ThinkingDelta, ToolCallEvent)
+OUTPUT_EVENTS = (TextDelta, ThinkingDelta, ToolCallStart, ToolCallEvent)
 
 # Set when the engine lowered max_tokens to what fits in the context window: the new value.
 CLAMPED_HEADER = "x-mlx-max-tokens-clamped"

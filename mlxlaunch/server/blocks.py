@@ -25,6 +25,8 @@ from mlxlaunch.engine.types import (
     ThinkingDelta,
     Timings,
     ToolCallEvent,
+    ToolCallStart,
+    ToolInputDelta,
 )
 from mlxlaunch.engine.types import StopReason as EngineStopReason
 from mlxlaunch.engine.types import Usage as EngineUsage
@@ -143,6 +145,8 @@ class ContentBlockStream:
         self._finished = False
         self._open: str | None = None  # type of the open block, if any
         self._thinking_text: list[str] = []  # full thinking of the open block, for its signature
+        self._streaming_call: str | None = None  # id of the tool call whose input is streaming
+        self._input_parts: list[str] = []  # its input so far (the reduction parses it at stop)
 
     @property
     def started(self) -> bool:
@@ -175,6 +179,12 @@ class ContentBlockStream:
             self._thinking_text.append(event.text)
             if self._show_thinking and event.text:
                 self._emit(out, self._delta(ThinkingDeltaPart(thinking=event.text)))
+        elif isinstance(event, ToolCallStart):
+            self._start_tool_call(out, event.id, event.name)
+        elif isinstance(event, ToolInputDelta):
+            if event.id == self._streaming_call and event.partial_json:
+                self._input_parts.append(event.partial_json)
+                self._emit(out, self._delta(InputJsonDeltaPart(partial_json=event.partial_json)))
         elif isinstance(event, ToolCallEvent):
             self._add_tool_call(out, event)
         elif isinstance(event, Done):
@@ -218,16 +228,35 @@ class ContentBlockStream:
             signature = thinking_signature("".join(self._thinking_text))
             self._emit(out, self._delta(SignatureDeltaPart(signature=signature)))
             self._thinking_text = []
+        if self._open == "tool_use":
+            # The reduction: the block's input is its deltas taken together (as a client's
+            # accumulator does), read only once they are complete.
+            block = self.message.content[self._next_index - 1]
+            assert isinstance(block, ResponseToolUseBlock)
+            block.input = tool_input("".join(self._input_parts), block.name)
+            self._input_parts = []
+            self._streaming_call = None
         self._emit(out, ContentBlockStopEvent(index=self._next_index - 1))
         self._open = None
 
-    def _add_tool_call(self, out: list[BlockEvent], call: ToolCallEvent) -> None:
+    def _start_tool_call(self, out: list[BlockEvent], call_id: str, name: str) -> None:
         self._close(out)
-        arguments = tool_input(call.arguments, call.name)
-        block = ResponseToolUseBlock(id=call.id or new_tool_use_id(), name=call.name, input={})
+        block = ResponseToolUseBlock(id=call_id or new_tool_use_id(), name=name, input={})
         self._emit(out, ContentBlockStartEvent(index=self._next_index, content_block=block))
         self._open = "tool_use"
+        self._streaming_call = call_id
+
+    def _add_tool_call(self, out: list[BlockEvent], call: ToolCallEvent) -> None:
+        """A call ends: one that streamed closes (its deltas already are its input, unless it
+        sent none); one that arrives whole is sent as one piece."""
+        if self._open == "tool_use" and self._streaming_call == call.id and self._input_parts:
+            self._close(out)
+            return
+        if not (self._open == "tool_use" and self._streaming_call == call.id):
+            self._start_tool_call(out, call.id, call.name)
+        arguments = tool_input(call.arguments, call.name)
         partial = json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
+        self._input_parts.append(partial)
         self._emit(out, self._delta(InputJsonDeltaPart(partial_json=partial)))
         self._close(out)
 
@@ -264,9 +293,7 @@ def apply_event(message: Message, event: BlockEvent) -> None:
             block.thinking += delta.thinking
         elif isinstance(delta, SignatureDeltaPart) and isinstance(block, ResponseThinkingBlock):
             block.signature = delta.signature
-        elif isinstance(delta, InputJsonDeltaPart) and isinstance(block, ResponseToolUseBlock):
-            # Each tool call is sent as one complete piece, so it parses on its own.
-            block.input = json.loads(delta.partial_json) if delta.partial_json else {}
+        # Tool input: `ContentBlockStream` sets it at the block's stop, from all its deltas.
     elif isinstance(event, MessageDeltaEvent):
         message.stop_reason = event.delta.stop_reason
         message.stop_sequence = event.delta.stop_sequence

@@ -103,11 +103,8 @@ def to_generation_request(
     if isinstance(req, MessagesRequest):
         max_tokens = req.max_tokens
         stop_sequences = list(req.stop_sequences or [])  # validated: none is blank
-        sampling = Sampling(
-            temperature=1.0 if req.temperature is None else req.temperature,
-            top_p=1.0 if req.top_p is None else req.top_p,
-            top_k=req.top_k or 0,
-        )
+        # Unset stays None: the engine fills it from the model's recommended settings.
+        sampling = Sampling(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k)
     else:
         max_tokens, stop_sequences, sampling = 1, [], Sampling()
     if kind == "title" and schema is not None:

@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlxlaunch.store.dialects import detect_dialect
+from mlxlaunch.store.generation_config import NO_DEFAULTS, SamplingDefaults, read_sampling_defaults
+
 # Files that make a directory a tokenizer mlx-lm can load (any one of them).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
 THINK_MARKERS = (("<think>", "</think>"), ("<longcat_think>", "</longcat_think>"))
@@ -68,6 +71,7 @@ class ModelFacts:
     tool_format: str | None
     thinking: bool
     template: TemplateFeatures = field(default_factory=TemplateFeatures)
+    sampling_defaults: SamplingDefaults = NO_DEFAULTS  # generation_config.json's
 
     def problems(self) -> list[str]:
         """Reasons mlx-lm could not load this model; empty when it looks loadable."""
@@ -239,34 +243,10 @@ def read_special_vocab(path: Path) -> dict[str, int]:
     return vocab
 
 
-# Markup in a chat template (or special tokens) -> the mlx-lm tool parser that reads it.
-# Order matters: more specific markers first (a qwen3-coder template also contains <tool_call>).
-TEMPLATE_TOOL_MARKERS: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("<minimax:tool_call>",), "minimax_m2"),
-    (("<|tool_call>", "<tool_call|>"), "gemma4"),
-    (("<start_function_call>",), "function_gemma"),
-    (("<longcat_tool_call>",), "longcat"),
-    (("<arg_key>",), "glm47"),
-    (("<|tool_call_start|>",), "pythonic"),
-    (("<|tool_list_start|>",), "pythonic"),
-    (("<tool_call>\\n<function=",), "qwen3_coder"),
-    (("<tool_call>\n<function=",), "qwen3_coder"),
-    (("<|tool_calls_section_begin|>",), "kimi_k2"),
-    (('<function name="', '<param name="'), "minicpm5"),
-    (("[TOOL_CALLS]",), "mistral"),
-    (("<tool_call>", "tool_call.name"), "json_tools"),
-)
-
-
 def infer_tool_format(chat_template: str | None, vocab: dict[str, int]) -> str | None:
-    """The mlx-lm tool parser name for this template/vocab (e.g. 'json_tools'), or None."""
-    if chat_template:
-        for markers, parser in TEMPLATE_TOOL_MARKERS:
-            if all(m in chat_template for m in markers):
-                return parser
-    if "<|tool_call_start|>" in vocab and "<|tool_call_end|>" in vocab:
-        return "pythonic"
-    return None
+    """The tool-call format of this template/vocab (e.g. 'json_tools', 'harmony'), or None."""
+    dialect = detect_dialect(chat_template, vocab)
+    return None if dialect is None or dialect.name == "none" else dialect.name
 
 
 def template_features(template: str | None) -> TemplateFeatures:
@@ -314,4 +294,5 @@ def read_facts(path: Path) -> ModelFacts:
         thinking=any(a in vocab and b in vocab for a, b in THINK_MARKERS)
         or bool(template and "<think>" in template),
         template=template_features(template),
+        sampling_defaults=read_sampling_defaults(path),
     )

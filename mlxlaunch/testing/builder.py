@@ -15,7 +15,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.models import qwen3
 
-from mlxlaunch.testing.templates import template_family
+from mlxlaunch.testing.templates import TemplateFamily, template_family
 from mlxlaunch.testing.tokenizer import write_tokenizer
 
 CONTEXT_WINDOW = 40960
@@ -56,7 +56,9 @@ MODEL_SIZES: dict[str, ModelShape] = {
 }
 
 
-def model_config(shape: ModelShape, vocab_size: int, eos_token_id: int) -> dict[str, Any]:
+def model_config(
+    shape: ModelShape, vocab_size: int, eos_token_id: int | list[int]
+) -> dict[str, Any]:
     """The ``config.json`` mlx-lm reads to instantiate a qwen3 model."""
     return {
         "model_type": "qwen3",
@@ -78,13 +80,16 @@ def model_config(shape: ModelShape, vocab_size: int, eos_token_id: int) -> dict[
     }
 
 
-def build_model(path: Path, size: str = "tiny", *, template: str = "qwen", seed: int = 0) -> Path:
+def build_model(
+    path: Path, size: str = "tiny", *, template: str | TemplateFamily = "qwen", seed: int = 0
+) -> Path:
     """Write a model directory that ``mlx_lm.load(path)`` loads.
 
     Args:
         path: directory to write into (created if missing; existing files are overwritten).
         size: one of :data:`MODEL_SIZES` (``"tiny"``, ``"small"``, ``"medium"``).
-        template: chat-template family from ``mlxlaunch.testing.templates``.
+        template: chat-template family from ``mlxlaunch.testing.templates`` (a name, or a
+            family such as ``real_template_family(path)`` gives).
         seed: seed for the random weights.
 
     Returns:
@@ -96,14 +101,18 @@ def build_model(path: Path, size: str = "tiny", *, template: str = "qwen", seed:
         raise ValueError(
             f"unknown test model size {size!r} (known: {sorted(MODEL_SIZES)})"
         ) from None
-    family = template_family(template)
+    family = template if isinstance(template, TemplateFamily) else template_family(template)
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
 
     tokenizer = write_tokenizer(path, family, BPE_VOCAB_SIZE, CONTEXT_WINDOW)
-    eos_token_id = tokenizer.token_to_id(family.eos_token)
-    if eos_token_id is None:  # the family's added tokens must include its EOS
-        raise ValueError(f"template {template!r}: EOS token {family.eos_token!r} not in vocabulary")
+    stop_ids: list[int] = []
+    for token in family.stop_tokens:
+        token_id = tokenizer.token_to_id(token)
+        if token_id is None:  # the family's added tokens must include its EOS
+            raise ValueError(f"template {family.name!r}: EOS token {token!r} not in vocabulary")
+        stop_ids.append(token_id)
+    eos_token_id: int | list[int] = stop_ids[0] if len(stop_ids) == 1 else stop_ids
     config = model_config(shape, tokenizer.get_vocab_size(), eos_token_id)
 
     mx.random.seed(seed)

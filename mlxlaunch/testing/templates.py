@@ -12,9 +12,11 @@ think markers and two macros, ``tool_call(name, arguments)`` (history rendering)
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from pathlib import Path
 
 # Control tokens: special (skipped by ``decode(skip_special_tokens=True)``), as in Qwen3.
 QWEN_CONTROL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -50,16 +52,28 @@ class TemplateFamily:
     markup_tokens: tuple[str, ...]
     eos_token: str
     pad_token: str
-    tool_parser: str
+    tool_parser: str | None
     base_file: str | None = None
+    # Real templates (see `real_template_family`): the text itself, the BOS token the template
+    # writes, and every token that ends generation (generation_config.json's eos list).
+    template_text: str | None = None
+    bos_token: str | None = None
+    eos_tokens: tuple[str, ...] = ()
 
     @property
     def added_tokens(self) -> tuple[str, ...]:
         """All added tokens, control tokens first (their ids follow the BPE vocabulary)."""
         return self.control_tokens + self.markup_tokens
 
+    @property
+    def stop_tokens(self) -> tuple[str, ...]:
+        """The tokens that end an assistant's output: EOS first."""
+        return self.eos_tokens or (self.eos_token,)
+
     def chat_template(self) -> str:
         """The Jinja template text."""
+        if self.template_text is not None:
+            return self.template_text
         text = _read_template(self.template_file)
         if self.base_file is not None:
             text += _read_template(self.base_file)
@@ -160,3 +174,36 @@ def template_family(name: str) -> TemplateFamily:
     except KeyError:
         known = ", ".join(sorted(TEMPLATE_FAMILIES))
         raise KeyError(f"unknown chat template family {name!r} (known: {known})") from None
+
+
+def real_template_family(template: Path) -> TemplateFamily:
+    """A family from a real model's chat template (`<family>.jinja`) and the facts about its
+    tokenizer next to it (`<family>.tokens.json`: special tokens, non-special added tokens,
+    bos/eos/pad, generation_config's eos list), as in `tests/fixtures/chat-templates/`.
+
+    A test model built from it tokenizes and renders the way that model does: the same control
+    tokens (special), the same markup tokens (kept in decoded text), the same stop tokens."""
+    template = Path(template)
+    facts = json.loads(template.with_suffix(".tokens.json").read_text("utf-8"))
+    special = list(dict.fromkeys(facts["special_tokens"]))
+    for key in ("bos_token", "eos_token", "pad_token"):
+        token = facts.get(key)
+        if token and token not in special:
+            special.append(token)
+    markup = [t for t in dict.fromkeys(facts["added_tokens_not_special"]) if t not in special]
+    eos_tokens = tuple(facts.get("eos_tokens") or [facts["eos_token"]])
+    for token in eos_tokens:
+        if token not in special and token not in markup:
+            special.append(token)
+    return TemplateFamily(
+        name=str(facts["family"]),
+        template_file=template.name,
+        control_tokens=tuple(special),
+        markup_tokens=tuple(markup),
+        eos_token=str(facts["eos_token"]),
+        pad_token=str(facts.get("pad_token") or facts["eos_token"]),
+        tool_parser=None,
+        template_text=template.read_text("utf-8"),
+        bos_token=facts.get("bos_token"),
+        eos_tokens=eos_tokens,
+    )

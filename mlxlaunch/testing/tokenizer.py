@@ -97,7 +97,7 @@ def write_tokenizer(
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "added_tokens_decoder": added,
-        "bos_token": None,
+        "bos_token": family.bos_token,
         "eos_token": family.eos_token,
         "pad_token": family.pad_token,
         "unk_token": None,

@@ -116,14 +116,17 @@ def text_without(marker: str) -> str:
 
 def _regex_char(char: str) -> str:
     """One character as a lark regex atom (inside /.../, so '/' needs escaping too)."""
-    if char.isalnum() or char in " _-<>=,:;'\"":
+    # Non-ASCII characters stand for themselves (DeepSeek's `｜`, `▁`); "\｜" is no escape.
+    if not char.isascii() or char.isalnum() or char in " _-<>=,:;'\"":
         return char
     if char in "\n\t\r":
         return {"\n": "\\n", "\t": "\\t", "\r": "\\r"}[char]
     return "\\" + char
 
 
-def thinking_rules(tokenizer: TokenizerWrapper, think_end: str) -> tuple[str, str]:
+def thinking_rules(
+    tokenizer: TokenizerWrapper, think_end: str, *, think: bool = True
+) -> tuple[str, str]:
     """Lark for the rest of an already opened think span, up to and with `think_end`.
 
     Used when the rendered prompt ends inside a think span: the model may think freely, then
@@ -131,7 +134,14 @@ def thinking_rules(tokenizer: TokenizerWrapper, think_end: str) -> tuple[str, st
     sequence to put first in `start`).
     """
     end = markup_symbol(tokenizer, think_end)
-    return f"THINK_TEXT: {text_without(think_end)}\n", f"THINK_TEXT {end} /\\n*/ "
+    if not think:  # the request did not ask for thinking: close the span the prompt opened
+        return "", f"{end} /\\n*/ "
+    if end.startswith("<["):  # a single token: the text cannot run past it
+        return f"THINK_TEXT: {text_without(think_end)}\n", f"THINK_TEXT {end} /\\n*/ "
+    # A marker of several tokens: lexing is greedy, so the text and its end are one lazy rule
+    # (else the text could swallow the marker's first tokens and never end).
+    definitions = f"THINK_TEXT: {text_without(think_end)}\nthink_close[lazy]: THINK_TEXT {end}\n"
+    return definitions, "think_close /\\n*/ "
 
 
 # --- constraints and their processors -------------------------------------------------------
@@ -185,6 +195,7 @@ class JsonConstraint(GrammarConstraint):
         schema: dict[str, Any],
         *,
         think_end: str | None = None,
+        think: bool = True,
     ) -> JsonConstraint:
         """Compile `schema` for `tokenizer`.
 
@@ -193,6 +204,7 @@ class JsonConstraint(GrammarConstraint):
             schema: a JSON schema; an `x-guidance` key in it overrides `JSON_OPTIONS`.
             think_end: when the rendered prompt ends inside an open think span, the marker
                 that closes it (e.g. "</think>"); the JSON then follows the closed span.
+            think: whether the model may think before it closes that span (False: at once).
 
         Raises:
             InvalidRequest: the schema is not valid JSON schema or uses what cannot be compiled.
@@ -208,7 +220,7 @@ class JsonConstraint(GrammarConstraint):
             except ValueError as exc:
                 raise InvalidRequest(f"invalid JSON schema: {exc}") from exc
         else:
-            definitions, prefix = thinking_rules(tokenizer, think_end)
+            definitions, prefix = thinking_rules(tokenizer, think_end, think=think)
             lark = f"{definitions}start: {prefix}answer\nanswer: {json_rule(schema)}\n"
             grammar = llguidance.LLMatcher.grammar_from_lark(lark)
         return cls(compile_grammar(tokenizer, grammar))

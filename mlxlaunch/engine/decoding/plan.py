@@ -25,6 +25,10 @@ from typing import Any
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from mlxlaunch.engine.decoding.grammar import GrammarConstraint, JsonConstraint
+from mlxlaunch.engine.decoding.harmony_grammar import (
+    harmony_schema_constraint,
+    harmony_tool_constraint,
+)
 from mlxlaunch.engine.decoding.thinking import ThinkingBudget
 from mlxlaunch.engine.decoding.tool_grammar import supported_families, tool_call_constraint
 from mlxlaunch.engine.types import GenerationRequest, InvalidRequest, ModelInfo
@@ -120,18 +124,41 @@ def _constraint(
     think_end = info.think_end if opens_thinking else None
     choice = request.tool_choice
     family = info.tool_format or ""
-    if choice.mode in ("any", "tool"):
-        return tool_call_constraint(
-            tokenizer, request.tools, choice, family=family, think_end=think_end
+    if info.dialect is not None and info.dialect.channels:
+        return _harmony_constraint(request, tokenizer)
+    forced = choice.mode in ("any", "tool")
+    if not forced and request.response_schema is not None:
+        return JsonConstraint.from_schema(
+            tokenizer, request.response_schema, think_end=think_end, think=request.thinking
         )
+    strict = choice.mode == "auto" and any(t.strict for t in request.tools)
+    if not (forced or strict):
+        return None
+    if not forced and family not in supported_families():
+        log.info("strict tools not enforced: no tool-call grammar for %r", family)
+        return None
+    return tool_call_constraint(
+        tokenizer,
+        request.tools,
+        choice,
+        family=family,
+        think_end=think_end,
+        think=request.thinking,
+        dialect=info.dialect,
+    )
+
+
+def _harmony_constraint(
+    request: GenerationRequest, tokenizer: TokenizerWrapper
+) -> GrammarConstraint | None:
+    """Harmony (gpt-oss) writes calls and answers as channel messages: its own grammars."""
+    choice = request.tool_choice
+    strict = choice.mode == "auto" and any(t.strict for t in request.tools)
+    if choice.mode in ("any", "tool") or strict:
+        return harmony_tool_constraint(tokenizer, request.tools, choice, analysis=request.thinking)
     if request.response_schema is not None:
-        return JsonConstraint.from_schema(tokenizer, request.response_schema, think_end=think_end)
-    if choice.mode == "auto" and any(t.strict for t in request.tools):
-        if family not in supported_families():
-            log.info("strict tools not enforced: no tool-call grammar for %r", family)
-            return None
-        return tool_call_constraint(
-            tokenizer, request.tools, choice, family=family, think_end=think_end
+        return harmony_schema_constraint(
+            tokenizer, request.response_schema, analysis=request.thinking
         )
     return None
 

@@ -35,21 +35,32 @@ Policies the server relies on (see also `OutputParser`):
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from enum import Enum
 
 from mlxlaunch.engine.output.markers import MarkerKind, MarkerMatch, MarkerSet
-from mlxlaunch.engine.output.tools import ToolParser, parse_tool_calls, parser_tools
+from mlxlaunch.engine.output.spans import (
+    BufferedReader,
+    CallArgs,
+    CallBegin,
+    CallEnd,
+    CallPiece,
+    SpanReader,
+    SpanReaderFactory,
+)
+from mlxlaunch.engine.output.tools import ToolParser, mlx_lm_span_parser
+from mlxlaunch.engine.tool_ids import client_tool_id
 from mlxlaunch.engine.types import (
-    GenerationRequest,
-    ModelInfo,
     TextDelta,
     ThinkingDelta,
     ToolCallEvent,
+    ToolCallStart,
+    ToolInputDelta,
     ToolSpec,
 )
 
-ParsedEvent = TextDelta | ThinkingDelta | ToolCallEvent
+ParsedEvent = TextDelta | ThinkingDelta | ToolCallStart | ToolInputDelta | ToolCallEvent
 
 
 @dataclass
@@ -62,6 +73,11 @@ class ParserConfig:
     tool_call_start: str | None = None  # e.g. "<tool_call>"
     tool_call_end: str | None = None  # "" or None: the span runs to the end of the output
     tool_parser: ToolParser | None = None  # mlx-lm's parse_tool_call(text, tools)
+    # Reads each tool-call span as it arrives (streaming families); None: `tool_parser` reads
+    # the whole span at its end.
+    span_reader: SpanReaderFactory | None = None
+    # The output is one tool-call span when it starts with this (Llama 3's bare JSON call).
+    leading_call: str | None = None
     tools: list[ToolSpec] = field(default_factory=list)
     tools_enabled: bool = True  # False: tool-call markup is returned as text
     stop_sequences: list[str] = field(default_factory=list)
@@ -73,32 +89,6 @@ class ParserConfig:
     calls_forced: bool = False
 
 
-def parser_config(
-    info: ModelInfo,
-    tool_parser: ToolParser | None,
-    request: GenerationRequest,
-    *,
-    opens_thinking: bool,
-) -> ParserConfig:
-    """What the parser needs for one request: the model's markup (`info`, and its tokenizer's
-    `tool_parser`), the request's tools and stops, and whether its prompt opened a think span."""
-    return ParserConfig(
-        think_start=info.think_start,
-        think_end=info.think_end,
-        start_in_thinking=opens_thinking,
-        tool_call_start=info.tool_call_start,
-        tool_call_end=info.tool_call_end,
-        tool_parser=tool_parser,
-        tools=list(request.tools),
-        # Markup is a call only when tools were offered and calls are allowed; else it is text.
-        tools_enabled=bool(request.tools) and request.tool_choice.mode != "none",
-        stop_sequences=list(request.stop_sequences),
-        # Without parallel calls the turn ends after the first one.
-        max_tool_calls=None if request.tool_choice.parallel else 1,
-        calls_forced=bool(request.tools) and request.tool_choice.mode in ("any", "tool"),
-    )
-
-
 class _State(Enum):
     TEXT = "text"
     THINKING = "thinking"
@@ -106,8 +96,8 @@ class _State(Enum):
     DONE = "done"
 
 
-class _Run:
-    """Whitespace trimming for one run of text or thinking.
+class TextRun:
+    """Whitespace trimming for one run of text or thinking (harmony's message bodies too).
 
     Trailing whitespace is held until non-whitespace follows, so a run that turns out to be only
     whitespace (e.g. "\\n\\n" before a tool call) never produces an event.
@@ -164,10 +154,16 @@ class OutputParser:
         self.tool_calls_emitted = 0
 
         thinking = bool(config.think_start and config.think_end)
-        self._tool_parser = config.tool_parser if config.tools_enabled else None
-        self._tool_start = (config.tool_call_start or "") if self._tool_parser else ""
+        self._readers = _reader_factory(config) if config.tools_enabled else None
+        self._tool_start = (config.tool_call_start or "") if self._readers else ""
         self._tool_end = config.tool_call_end or ""
-        self._parser_tools = parser_tools(config.tools)
+        self._reader: SpanReader | None = None  # the open span's reader
+        self._call: ToolCallStart | None = None  # the call the reader is inside
+        self._announced = False  # its ToolCallStart was sent
+        self._call_sent: list[str] = []  # its arguments as sent so far
+        self._ids_used: set[str] = set()  # tool-use ids of this output
+        # Before any output: the whole output may turn out to be a call (`leading_call`).
+        self._leading = config.leading_call if self._readers else None
 
         think_markers: list[tuple[str, MarkerKind]] = []
         if thinking:
@@ -187,8 +183,8 @@ class OutputParser:
         self._state = _State.THINKING if thinking and config.start_in_thinking else _State.TEXT
         self._buffer = ""  # not yet classified: held-back tail plus the newest piece
         self._tool_body: list[str] = []
-        self._text = _Run(keep_indent=True)
-        self._thinking = _Run(keep_indent=False)
+        self._text = TextRun(keep_indent=True)
+        self._thinking = TextRun(keep_indent=False)
         self._events: list[ParsedEvent] = []
 
     @property
@@ -215,14 +211,18 @@ class OutputParser:
             return []
         self._advance(final=True)
         if self._state is _State.TOOL_CALL:
-            if self._tool_end and self.config.calls_forced:  # cut off: nothing to keep
+            assert self._reader is not None
+            if not self._tool_end:  # the span runs to the end of the output: it is complete
+                self._complete_tool_call(end_marker="")
+            elif self._reader.committed:  # cut off after the client saw it start: end it
+                self._take_pieces(self._reader.close(complete=False) or [])
+                self._state = _State.TEXT if self._state is _State.TOOL_CALL else self._state
+            elif self.config.calls_forced:  # cut off: nothing to keep
                 self._tool_body = []
                 self._state = _State.TEXT
-            elif self._tool_end:  # the end marker never came: the call is incomplete
+            else:  # the end marker never came: the call is incomplete
                 self._state = _State.TEXT
-                self._emit_text(self._text.add(self._tool_start + "".join(self._tool_body)))
-            else:
-                self._complete_tool_call(end_marker="")
+                self._emit_text(self._text.add(self._span_text()))
         self._emit_text(self._text.end(keep_trailing=False))
         self._thinking.end(keep_trailing=False)
         self._state = _State.DONE
@@ -232,6 +232,8 @@ class OutputParser:
 
     def _advance(self, final: bool) -> None:
         """Classify as much of the buffer as can be decided; at `final`, all of it."""
+        if self._leading is not None and not self._leading_settled(final):
+            return
         while self._state is not _State.DONE:
             markers = self._markers[self._state]
             match = markers.first_match(self._buffer)
@@ -254,6 +256,8 @@ class OutputParser:
             self._emit_thinking(self._thinking.add(text))
         elif self._state is _State.TOOL_CALL:
             self._tool_body.append(text)
+            assert self._reader is not None
+            self._take_pieces(self._reader.feed(text))
 
     def _on_marker(self, match: MarkerMatch) -> None:
         kind, state = match.kind, self._state
@@ -270,30 +274,88 @@ class OutputParser:
         elif kind is MarkerKind.TOOL_START:
             # The text run stays open: if the span is malformed it continues as text.
             self._thinking.end(keep_trailing=False)
-            self._tool_body = []
-            self._state = _State.TOOL_CALL
+            self._open_span()
         elif kind is MarkerKind.TOOL_END:
             self._complete_tool_call(end_marker=match.marker)
         # Otherwise a stray think marker (start inside thinking, end inside text): dropped.
 
-    def _complete_tool_call(self, end_marker: str) -> None:
-        body = "".join(self._tool_body)
+    def _leading_settled(self, final: bool) -> bool:
+        """Whether the output's start decided if it is a call (`leading_call`); if it is, the
+        whole output from there on is the span. False: wait for more text."""
+        assert self._leading is not None
+        head = self._buffer.lstrip()
+        if not head and not final:
+            return False
+        if len(head) < len(self._leading) and self._leading.startswith(head) and not final:
+            return False
+        leading, self._leading = self._leading, None
+        if head.startswith(leading):
+            self._buffer = head
+            self._open_span()
+        return True
+
+    def _open_span(self) -> None:
+        assert self._readers is not None
         self._tool_body = []
+        self._reader = self._readers()
+        self._state = _State.TOOL_CALL
+
+    def _span_text(self) -> str:
+        return self._tool_start + "".join(self._tool_body)
+
+    def _complete_tool_call(self, end_marker: str) -> None:
+        assert self._reader is not None
+        committed = self._reader.committed
+        pieces = self._reader.close(complete=True)
         self._state = _State.TEXT
-        assert self._tool_parser is not None
-        calls = parse_tool_calls(body, self._tool_parser, self._parser_tools)
-        if calls is None:
-            self._emit_text(self._text.add(self._tool_start + body + end_marker))
+        if pieces is None and not committed:
+            self._emit_text(self._text.add(self._span_text() + end_marker))
+            self._tool_body = []
             return
-        self._text.end(keep_trailing=False)  # whitespace before a call is only formatting
-        limit = self.config.max_tool_calls
-        for call in calls:
-            self._events.append(call)
-            self.tool_calls_emitted += 1
-            if limit is not None and self.tool_calls_emitted >= limit:
-                self.tool_limit_reached = True
-                self._finish_early()
+        self._tool_body = []
+        self._take_pieces(pieces or [])
+
+    def _take_pieces(self, pieces: list[CallPiece]) -> None:
+        """Turn a reader's pieces into events; stop at the call limit.
+
+        A call is announced (`ToolCallStart`) only when it stays open past this batch of
+        pieces or its arguments stream: a call read whole arrives as one `ToolCallEvent`."""
+        for piece in pieces:
+            if self._state is _State.DONE:
                 return
+            if isinstance(piece, CallBegin):
+                self._text.end(keep_trailing=False)  # whitespace before a call is formatting
+                call_id = client_tool_id(piece.model_id)
+                if call_id in self._ids_used:  # a model repeating an id: keep ids unique
+                    call_id = client_tool_id(None)
+                self._ids_used.add(call_id)
+                self._call = ToolCallStart(call_id, piece.name)
+                self._announced = False
+                self._call_sent = []
+            elif isinstance(piece, CallArgs):
+                if self._call is not None and piece.text:
+                    self._announce()
+                    self._events.append(ToolInputDelta(self._call.id, piece.text))
+                    self._call_sent.append(piece.text)
+            elif isinstance(piece, CallEnd) and self._call is not None:
+                call, self._call = self._call, None
+                sent, self._call_sent = "".join(self._call_sent), []
+                arguments = piece.arguments if piece.complete else flag_incomplete(piece.arguments)
+                if sent and arguments.startswith(sent) and len(arguments) > len(sent):
+                    self._events.append(ToolInputDelta(call.id, arguments[len(sent) :]))
+                self._events.append(ToolCallEvent(call.id, call.name, arguments))
+                self.tool_calls_emitted += 1
+                limit = self.config.max_tool_calls
+                if limit is not None and self.tool_calls_emitted >= limit:
+                    self.tool_limit_reached = True
+                    self._finish_early()
+        if self._call is not None and self._state is not _State.DONE:
+            self._announce()
+
+    def _announce(self) -> None:
+        if self._call is not None and not self._announced:
+            self._events.append(self._call)
+            self._announced = True
 
     def _finish_early(self) -> None:
         self._state = _State.DONE
@@ -323,3 +385,31 @@ class OutputParser:
     def _take_events(self) -> list[ParsedEvent]:
         events, self._events = self._events, []
         return events
+
+
+# Added to the arguments of a call the output cut off or spoiled: the client's schema check
+# (Claude Code's tools allow no other keys) then refuses the call and tells the model, instead
+# of running a shortened command or writing half a file.
+INCOMPLETE_KEY = "mlxlaunch_error"
+INCOMPLETE_NOTE = "the tool call's arguments were cut off before they were complete"
+
+
+def flag_incomplete(arguments: str) -> str:
+    """`arguments` (a JSON object's text) with the incomplete-call note as its last key."""
+    body = arguments.rstrip()
+    assert body.endswith("}")
+    body = body[:-1]
+    separator = "" if body.rstrip().endswith("{") else ", "
+    return f"{body}{separator}{json.dumps(INCOMPLETE_KEY)}: {json.dumps(INCOMPLETE_NOTE)}}}"
+
+
+def _reader_factory(config: ParserConfig) -> SpanReaderFactory | None:
+    """How this request's tool-call spans are read: the family's streaming reader, or its
+    mlx-lm parser over the whole span; None when the model has no tool-call syntax."""
+    if config.span_reader is not None:
+        return config.span_reader
+    parser = config.tool_parser
+    if parser is None:
+        return None
+    parse = mlx_lm_span_parser(parser, config.tools)
+    return lambda: BufferedReader(parse)

@@ -5,27 +5,19 @@ mlx-lm's parsers (`mlx_lm/tool_parsers/*.py`) take the text between the family's
 return one call or a list of calls, each a dict with `name` and `arguments` (a dict, sometimes a
 JSON string; a few also carry an `id`). They raise ValueError, JSONDecodeError, IndexError… on
 text they cannot read. This module hides those differences: a span yields a list of complete
-calls, or None when any part of it is unreadable.
+calls, or None when any part of it is unreadable. Families with a streaming reader of our own
+(`json_readers`, `param_readers`, `harmony`) do not come here.
 """
 
 from __future__ import annotations
 
-import json
-import secrets
-import string
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mlxlaunch.engine.types import ToolCallEvent, ToolSpec
+from mlxlaunch.engine.output.spans import ParsedCall, SpanParser, arguments_text
+from mlxlaunch.engine.types import ToolSpec
 
 ToolParser = Callable[[str, Any], Any]
-
-_ID_ALPHABET = string.ascii_letters + string.digits
-
-
-def new_tool_use_id() -> str:
-    """A fresh Anthropic-style tool-use id: `toolu_` and 24 random base62 characters."""
-    return "toolu_" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(24))
 
 
 def parser_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]] | None:
@@ -45,9 +37,15 @@ def parser_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]] | None:
     ]
 
 
+def mlx_lm_span_parser(parser: ToolParser, tools: Sequence[ToolSpec]) -> SpanParser:
+    """A whole-span parser over one of mlx-lm's family parsers."""
+    shaped = parser_tools(tools)
+    return lambda body: parse_tool_calls(body, parser, shaped)
+
+
 def parse_tool_calls(
     body: str, parser: ToolParser, tools: list[dict[str, Any]] | None
-) -> list[ToolCallEvent] | None:
+) -> list[ParsedCall] | None:
     """Parse one tool-call span; None if the parser fails or any call in it is unusable.
 
     All or nothing: a span with one good and one broken call is returned to the client as text
@@ -58,20 +56,20 @@ def parse_tool_calls(
     except Exception:  # model output is untrusted: any parser failure means "not a call"
         return None
     calls = parsed if isinstance(parsed, list) else [parsed]
-    events: list[ToolCallEvent] = []
+    out: list[ParsedCall] = []
     for call in calls:
         normalised = _name_and_arguments(call)
         if normalised is None:
             return None
-        name, arguments = normalised
-        events.append(ToolCallEvent(id=new_tool_use_id(), name=name, arguments=arguments))
-    return events or None
+        out.append(normalised)
+    return out or None
 
 
-def _name_and_arguments(call: object) -> tuple[str, str] | None:
-    """(name, JSON text of the arguments object) from one parsed call, or None."""
+def _name_and_arguments(call: object) -> ParsedCall | None:
+    """The call's name and JSON text of its arguments object, or None."""
     if not isinstance(call, dict):
         return None
+    model_id = call.get("id") if isinstance(call.get("id"), str) else None
     if isinstance(call.get("function"), dict) and "name" not in call:
         call = call["function"]  # OpenAI shape {"function": {"name", "arguments"}}
         assert isinstance(call, dict)
@@ -80,18 +78,7 @@ def _name_and_arguments(call: object) -> tuple[str, str] | None:
         return None
     # Hermes-style JSON sometimes says "parameters" where the template said "arguments".
     arguments = call["arguments"] if "arguments" in call else call.get("parameters")
-    if arguments is None:
-        arguments = {}
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            return None
-    if not isinstance(arguments, dict):
+    text = arguments_text({} if arguments is None else arguments)
+    if text is None:
         return None  # Anthropic tool input must be an object
-    try:
-        # allow_nan=False: NaN/Infinity are not JSON and would break the client's parser.
-        text = json.dumps(arguments, ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError):
-        return None
-    return name.strip(), text
+    return ParsedCall(name=name.strip(), arguments=text, model_id=model_id or None)

@@ -1,5 +1,9 @@
 """Prompt rendering: engine messages and tools through the model's chat template to token ids.
 
+Before the template runs, the conversation is reshaped for what this template renders
+faithfully (`template_behaviour` probes it once, `conversation` rewrites), and tool
+definitions the template would ignore go into the system prompt (`tool_definitions`).
+
 Rendering is deterministic: the same request always gives the same tokens (what the prefix
 cache relies on), so nothing here iterates sets or adds per-call data.
 """
@@ -14,9 +18,21 @@ from typing import Any
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from mlxlaunch.engine.prompt.conversation import adapt_conversation
 from mlxlaunch.engine.prompt.incremental import IncrementalTokenizer
-from mlxlaunch.engine.prompt.system_turns import SystemTurns
-from mlxlaunch.engine.types import ChatMessage, GenerationRequest, ToolSpec
+from mlxlaunch.engine.prompt.template_behaviour import TemplateBehaviour, probe_template
+from mlxlaunch.engine.prompt.template_shape import message_to_template, tool_to_template
+from mlxlaunch.engine.prompt.tool_definitions import tool_section, with_tool_section
+from mlxlaunch.engine.types import ChatMessage, GenerationRequest
+from mlxlaunch.store.dialects import Dialect, detect_dialect
+
+__all__ = [
+    "PromptRenderer",
+    "RenderedPrompt",
+    "ends_inside_span",
+    "message_to_template",
+    "tool_to_template",
+]
 
 log = logging.getLogger(__name__)
 
@@ -27,41 +43,6 @@ class RenderedPrompt:
 
     tokens: list[int]
     opens_thinking: bool
-
-
-def message_to_template(message: ChatMessage) -> dict[str, Any]:
-    """One engine message as the dict chat templates expect (the Hugging Face shape)."""
-    out: dict[str, Any] = {"role": message.role, "content": message.content}
-    if message.role == "assistant":
-        if message.reasoning:
-            out["reasoning_content"] = message.reasoning
-        if message.tool_calls:
-            out["tool_calls"] = [
-                {
-                    "id": call.id,
-                    "type": "function",
-                    "function": {"name": call.name, "arguments": call.arguments},
-                }
-                for call in message.tool_calls
-            ]
-    elif message.role == "tool":
-        if message.tool_call_id is not None:
-            out["tool_call_id"] = message.tool_call_id
-        if message.name is not None:
-            out["name"] = message.name
-    return out
-
-
-def tool_to_template(tool: ToolSpec) -> dict[str, Any]:
-    """One tool in the OpenAI-style function shape chat templates iterate over."""
-    return {
-        "type": "function",
-        "function": {
-            "name": tool.name,
-            "description": tool.description,
-            "parameters": tool.parameters,
-        },
-    }
 
 
 def ends_inside_span(text: str, start: str | None, end: str | None) -> bool:
@@ -81,20 +62,47 @@ class PromptRenderer:
     ids up to the last special token they share (see `incremental`).
     """
 
-    def __init__(self, tokenizer: TokenizerWrapper, lock: threading.Lock | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: TokenizerWrapper,
+        lock: threading.Lock | None = None,
+        dialect: Dialect | None = None,
+    ) -> None:
+        """`dialect`: the model's tool-call dialect (its id style decides the form of call
+        ids); None: detected from the chat template and vocabulary on first use."""
         self.tokenizer = tokenizer
         self.lock = lock or threading.Lock()
-        self.system_turns = SystemTurns(tokenizer)  # mid-conversation system turns, in place
+        self.dialect = dialect
+        self._dialect_given = dialect is not None
         self.encoder = IncrementalTokenizer(tokenizer)
+        self._behaviour: TemplateBehaviour | None = None
+        self._probed_template: object = None  # the template `_behaviour` was probed on
+        self._warned_tools = False
+        self._warned_text = False
+
+    @property
+    def behaviour(self) -> TemplateBehaviour:
+        """What the chat template renders faithfully (probed on first use; hold `lock`)."""
+        template = getattr(self.tokenizer, "chat_template", None)
+        if self._behaviour is None or template != self._probed_template:
+            if not self._dialect_given:
+                self.dialect = _detected_dialect(self.tokenizer, template)
+            style = self.dialect.id_style if self.dialect is not None else "any"
+            self._behaviour = probe_template(self._apply, style)
+            self._probed_template = template
+            log.debug("chat template behaviour: %s", self._behaviour)
+        return self._behaviour
 
     def render_text(self, request: GenerationRequest) -> str:
-        """The prompt text: chat template applied, generation prompt added."""
+        """The prompt text: conversation adapted to the template, chat template applied,
+        generation prompt added."""
         tools = [tool_to_template(t) for t in request.tools] or None
         with self.lock:
-            placed = self.system_turns.place(request.messages)  # may probe the template
-            messages = [message_to_template(m) for m in placed]
+            behaviour = self.behaviour  # may probe the template
+            messages = self._messages(request, behaviour)
+            shaped = [message_to_template(m, behaviour.reasoning_field) for m in messages]
             text = self.tokenizer.apply_chat_template(
-                messages,
+                shaped,
                 tools=tools,
                 add_generation_prompt=True,
                 enable_thinking=request.thinking,
@@ -102,18 +110,55 @@ class PromptRenderer:
             )
         return str(text)
 
+    def _messages(
+        self, request: GenerationRequest, behaviour: TemplateBehaviour
+    ) -> list[ChatMessage]:
+        messages = request.messages
+        if request.tools and not behaviour.tools_rendered:
+            name = self.dialect.name if self.dialect is not None else None
+            section, form = tool_section(request.tools, name, behaviour.call_example)
+            messages = with_tool_section(messages, section)
+            if not self._warned_tools:
+                self._warned_tools = True
+                log.warning(
+                    "this model's chat template ignores tool definitions; the %d tools are "
+                    "written into the system prompt instead (%s)",
+                    len(request.tools),
+                    form,
+                )
+        dropped = behaviour.text_with_call == "dropped" and not self._warned_text
+        if dropped and any(m.tool_calls and m.content.strip() for m in messages):
+            self._warned_text = True
+            log.warning(
+                "this model's chat template drops an assistant's text in turns that call "
+                "tools, and no rewrite it accepts keeps it; such text is not in the prompt"
+            )
+        return adapt_conversation(messages, behaviour)
+
+    def _apply(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, generation: bool
+    ) -> str:
+        return str(
+            self.tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=generation, tokenize=False
+            )
+        )
+
     def render(self, request: GenerationRequest) -> RenderedPrompt:
         """Render and tokenize once; the template already holds any BOS it wants."""
         text = self.render_text(request)
         with self.lock:
             tokens = self.encoder.encode(text)
         # Some templates open a think span even with thinking off; the parser must know either way.
-        opens = ends_inside_span(text, self.tokenizer.think_start, self.tokenizer.think_end)
+        start, end = self.tokenizer.think_start, self.tokenizer.think_end
+        if start is None and self.dialect is not None:  # markers mlx-lm does not know
+            start, end = self.dialect.think_start, self.dialect.think_end
+        opens = ends_inside_span(text, start, end)
         return RenderedPrompt(tokens=tokens, opens_thinking=opens)
 
     def warm(self, token_sequences: Iterable[Sequence[int]] = ()) -> int:
         """Get ready for the first request while nothing waits: compile the chat template
-        (and probe it for system turns) on a tiny conversation, and remember the texts of
+        (and probe what it renders) on a tiny conversation, and remember the texts of
         `token_sequences` (prefixes restored from the disk cache) so the first prompt that
         continues one is tokenized incrementally. Returns how many were remembered.
 
@@ -126,3 +171,12 @@ class PromptRenderer:
         except Exception as exc:
             log.warning("prompt renderer warm-up skipped: %s", exc)
             return 0
+
+
+def _detected_dialect(tokenizer: Any, template: object) -> Dialect | None:
+    """The dialect read from the template and vocabulary (None where neither says)."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except Exception:  # a tokenizer double without a vocabulary
+        vocab = {}
+    return detect_dialect(template if isinstance(template, str) else None, vocab)

@@ -8,12 +8,16 @@ every system message but the first. For those, the instruction goes into the adj
 turn, clearly marked, so the model still sees it at its place.
 
 Whether a template renders system turns is probed once per tokenizer, by rendering a tiny
-conversation with a marked system turn and looking for the mark.
+conversation with a marked system turn between a user and an assistant turn, and looking for
+the mark *in its place*: DeepSeek-V3.1's template moves every system message to the top
+(which would change the start of the prompt on every such turn), and Mistral's accepts a
+system turn after the last user turn but refuses the assistant turn that follows it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from mlxlaunch.engine.types import ChatMessage
@@ -21,6 +25,8 @@ from mlxlaunch.engine.types import ChatMessage
 INSTRUCTION_OPEN = "<system-instruction>"
 INSTRUCTION_CLOSE = "</system-instruction>"
 _PROBE_MARK = "mlxlaunch-system-turn-probe"
+# The probe conversation's other parts, in the order they must appear.
+_PROBE_ORDER = ("mlxprobeUserOne", _PROBE_MARK, "mlxprobeAnswer", "mlxprobeUserTwo")
 
 
 def marked_instruction(text: str) -> str:
@@ -82,15 +88,31 @@ class SystemTurns:
         return messages if self.supported else fold_system_turns(messages)
 
     def _probe(self) -> bool:
-        probe = [
-            {"role": "system", "content": "s"},
-            {"role": "user", "content": "u"},
-            {"role": "system", "content": _PROBE_MARK},
-        ]
-        try:
-            text = self._tokenizer.apply_chat_template(
-                probe, add_generation_prompt=True, tokenize=False
+        return renders_system_turns(
+            lambda messages: self._tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=False
             )
-        except Exception:  # templates raise on roles they refuse
+        )
+
+
+def renders_system_turns(apply: Callable[[list[dict[str, Any]]], Any]) -> bool:
+    """Whether the template `apply` renders (messages → prompt text) shows a system turn that
+    follows a user turn where it stands, and renders the turns after it."""
+    user, mark, answer, later = _PROBE_ORDER
+    probe = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": user},
+        {"role": "system", "content": mark},
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": later},
+    ]
+    try:
+        text = str(apply(probe))
+    except Exception:  # templates raise on roles they refuse
+        return False
+    at = 0
+    for part in _PROBE_ORDER:
+        at = text.find(part, at)
+        if at < 0:
             return False
-        return _PROBE_MARK in str(text)
+    return True

@@ -10,8 +10,10 @@ Runs on the engine worker thread (it creates MLX arrays). Names are resolved bef
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import mlx.nn as nn
 from mlx_lm import load as mlx_lm_load
@@ -21,6 +23,10 @@ from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.settings import context_window_of
 from mlxlaunch.engine.types import ModelInfo
 from mlxlaunch.errors import ModelLoadError, ModelNotFound
+from mlxlaunch.store.dialects import Dialect, detect_dialect, dialect_named
+from mlxlaunch.store.generation_config import read_sampling_defaults
+
+ToolParser = Callable[[str, Any], Any]
 
 
 @dataclass
@@ -31,6 +37,8 @@ class LoadedModel:
     base_model: nn.Module  # the mlx-lm model itself; KV caches are shaped from it
     tokenizer: TokenizerWrapper
     info: ModelInfo
+    # mlx-lm's parser for the dialect, where the engine has no reader of its own for it.
+    tool_parser: ToolParser | None = None
 
 
 def _local_path(model: str) -> Path:
@@ -43,12 +51,54 @@ def _local_path(model: str) -> Path:
     return Path(snapshot_download(model, local_files_only=True))
 
 
-def _tool_format(tokenizer: TokenizerWrapper) -> str | None:
+def _mlx_lm_format(tokenizer: TokenizerWrapper) -> str | None:
+    """The name of the tool parser mlx-lm inferred for this tokenizer, if any."""
     parser = tokenizer.tool_parser
     if parser is None:
         return None
     module = importlib.import_module(parser.__module__)
     return str(module.__name__.rsplit(".", 1)[-1])
+
+
+@dataclass(frozen=True)
+class ToolSyntax:
+    """How the loaded model's tool calls are found and read."""
+
+    dialect: Dialect | None
+    tool_call_start: str | None
+    tool_call_end: str | None
+    parser: ToolParser | None
+
+
+def tool_syntax(tokenizer: TokenizerWrapper, tool_format: str | None) -> ToolSyntax:
+    """The model's dialect (named by `tool_format`, else detected from its template and
+    vocabulary) with the markers and mlx-lm parser that go with it.
+
+    For a dialect mlx-lm also reads, its parser module supplies the markers (mlx-lm knows them
+    best) and the whole-span parser; for our own dialects mlx-lm's guess, if any, is ignored."""
+    dialect = (
+        dialect_named(tool_format)
+        if tool_format
+        else detect_dialect(tokenizer.chat_template, tokenizer.get_vocab())
+    )
+    if dialect is None or dialect.name == "none":
+        return ToolSyntax(dialect, None, None, None)
+    if not dialect.mlx_lm_parser:
+        return ToolSyntax(dialect, dialect.tool_call_start, dialect.tool_call_end, None)
+    if _mlx_lm_format(tokenizer) == dialect.name:
+        return ToolSyntax(
+            dialect, tokenizer.tool_call_start, tokenizer.tool_call_end, tokenizer.tool_parser
+        )
+    try:
+        module = importlib.import_module(f"mlx_lm.tool_parsers.{dialect.name}")
+    except ImportError:
+        return ToolSyntax(dialect, dialect.tool_call_start, dialect.tool_call_end, None)
+    return ToolSyntax(
+        dialect,
+        getattr(module, "tool_call_start", dialect.tool_call_start),
+        getattr(module, "tool_call_end", dialect.tool_call_end),
+        getattr(module, "parse_tool_call", None),
+    )
 
 
 def _eos_ids(tokenizer: TokenizerWrapper) -> tuple[int, ...]:
@@ -73,17 +123,31 @@ def load_model(config: EngineConfig) -> LoadedModel:
     base_model = model
     if config.model_wrapper is not None:
         model = config.model_wrapper(model)
+    syntax = tool_syntax(tokenizer, config.tool_format)
+    dialect = syntax.dialect
+    think_start, think_end = tokenizer.think_start, tokenizer.think_end
+    if think_start is None and dialect is not None and dialect.think_start:
+        think_start, think_end = dialect.think_start, dialect.think_end
     info = ModelInfo(
         id=config.model,
         path=str(_local_path(config.model)),
         context_window=context_window_of(model_config, config.context_length),
-        has_thinking=bool(tokenizer.has_thinking),
-        think_start=tokenizer.think_start,
-        think_end=tokenizer.think_end,
-        tool_call_start=tokenizer.tool_call_start,
-        tool_call_end=tokenizer.tool_call_end,
-        tool_format=_tool_format(tokenizer),
+        # Harmony reasons in its analysis channel, without think markers.
+        has_thinking=think_start is not None or bool(dialect and dialect.channels),
+        think_start=think_start,
+        think_end=think_end,
+        tool_call_start=syntax.tool_call_start,
+        tool_call_end=syntax.tool_call_end,
+        tool_format=dialect.name if dialect is not None and dialect.name != "none" else None,
+        dialect=dialect,
         vision=False,
         eos_token_ids=_eos_ids(tokenizer),
+        sampling_defaults=read_sampling_defaults(_local_path(config.model), report=True),
     )
-    return LoadedModel(model=model, base_model=base_model, tokenizer=tokenizer, info=info)
+    return LoadedModel(
+        model=model,
+        base_model=base_model,
+        tokenizer=tokenizer,
+        info=info,
+        tool_parser=syntax.parser,
+    )

@@ -15,7 +15,8 @@ from typing import Any
 from mlx_lm.tokenizer_utils import NaiveStreamingDetokenizer, TokenizerWrapper
 
 from mlxlaunch.engine.decoding.plan import NO_PLAN, DecodingPlan
-from mlxlaunch.engine.output.parser import OutputParser, ParsedEvent
+from mlxlaunch.engine.output.parser import ParsedEvent
+from mlxlaunch.engine.output.parser_config import ModelOutputParser
 from mlxlaunch.engine.stats import RequestRecord
 from mlxlaunch.engine.types import (
     EngineEvent,
@@ -52,7 +53,7 @@ class OutputStream:
     """
 
     def __init__(
-        self, tokenizer: TokenizerWrapper, parser: OutputParser, lock: threading.Lock
+        self, tokenizer: TokenizerWrapper, parser: ModelOutputParser, lock: threading.Lock
     ) -> None:
         self.detokenizer = tokenizer.detokenizer  # a fresh copy per request
         self.parser = parser

@@ -14,18 +14,17 @@ import queue
 import threading
 from collections import deque
 from collections.abc import Callable
-from functools import lru_cache
 from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
-from mlx_lm.sample_utils import make_sampler
 
 from mlxlaunch.engine.cache.prefix import PrefixCache, cache_settings
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.decoding.grammar import forget_tokenizer
-from mlxlaunch.engine.output.parser import OutputParser, parser_config
+from mlxlaunch.engine.decoding.sampling import penalty_processors, resolve_sampling, sampler_for
+from mlxlaunch.engine.output.parser_config import output_parser, parser_config
 from mlxlaunch.engine.prompt.render import PromptRenderer
 from mlxlaunch.engine.runtime import cpu_attention, freed_memory
 from mlxlaunch.engine.runtime.loader import LoadedModel, load_model
@@ -50,9 +49,6 @@ from mlxlaunch.engine.types import (
 
 Command = Callable[[], None]
 
-# The sampler of a request that sets none (Sampling's defaults), which the warm-up compiles.
-_DEFAULT_SAMPLING = (Sampling().temperature, Sampling().top_p, Sampling().top_k)
-
 # Prefixes are written to disk only after this long (seconds) without requests: a write takes
 # tens of ms, and Claude Code's next turn often arrives within a second of the last answer
 # (a quick tool call), where it would wait for the write.
@@ -61,13 +57,6 @@ SAVE_AFTER_IDLE_S = 1.0
 MEMORY_POLL_S = 1.0
 # Length (seconds) of one window over which the generator's speed counters are read.
 MEASURE_WINDOW_S = 0.5
-
-
-@lru_cache(maxsize=64)
-def _sampler(temperature: float, top_p: float, top_k: int) -> Any:
-    # One sampler object per distinct setting: BatchGenerator samples the whole batch in one
-    # call when its sequences share the same sampler object.
-    return make_sampler(temp=temperature, top_p=top_p if top_p < 1.0 else 0.0, top_k=top_k)
 
 
 class Worker:
@@ -282,14 +271,15 @@ class Worker:
         generator = self._batch_generator()
         request = job.request
         config = parser_config(
-            loaded.info, loaded.tokenizer.tool_parser, request, opens_thinking=job.opens_thinking
+            loaded.info, loaded.tool_parser, request, opens_thinking=job.opens_thinking
         )
-        job.output = OutputStream(loaded.tokenizer, OutputParser(config), self.tokenizer_lock)
-        sampling = request.sampling
-        sampler: Any = None  # None: the generator's shared greedy sampler
-        if sampling.temperature > 0:
-            sampler = _sampler(sampling.temperature, sampling.top_p, sampling.top_k)
-        processors = self._logits_processors(job)
+        parser = output_parser(loaded.info, config)
+        job.output = OutputStream(loaded.tokenizer, parser, self.tokenizer_lock)
+        # The client's settings over the model's defaults; the penalty goes before the
+        # decoding plan's processors, whose grammar and budget must have the last word.
+        sampling = resolve_sampling(request.sampling, loaded.info.sampling_defaults)
+        sampler: Any = sampler_for(sampling)  # None: the generator's shared greedy sampler
+        processors = penalty_processors(sampling) + self._logits_processors(job)
         cache = self._prompt_cache_for(job)
         (uid,) = generator.insert(
             [job.prompt[job.cached_tokens :]],
@@ -502,14 +492,17 @@ class Worker:
         cpu_attention.install(loaded.base_model)  # the CPU backend's, before the model runs
         self._memory = self._memory_budget(loaded)
         self._prefix = self._make_prefix_cache(loaded)
-        self.renderer = PromptRenderer(loaded.tokenizer, self.tokenizer_lock)
+        self.renderer = PromptRenderer(
+            loaded.tokenizer, self.tokenizer_lock, dialect=loaded.info.dialect
+        )
         restored = self._prefix.restored_prompts() if self._prefix is not None else []
         self.renderer.warm(restored)  # the first prompt that continues one: incremental
         warm_up_loaded(  # MLX's first-pass set-up now, not in the first request's TTFT
             loaded.base_model,
             width=self.config.max_concurrency,
             prefill_chunk=self.config.prefill_chunk,
-            sampler=_sampler(*_DEFAULT_SAMPLING),
+            # What a request that sets nothing samples with, compiled now.
+            sampler=sampler_for(resolve_sampling(Sampling(), loaded.info.sampling_defaults)),
             restored=(
                 self._prefix.warm_start_cache(RESTORED_WARMUP_TOKENS)
                 if self._prefix is not None

@@ -1,0 +1,25 @@
+"""Which span reader reads a family's tool calls.
+
+Our own readers stream the arguments while the model writes them: JSON arguments character by
+character (`json_readers`), parameter-per-element formats one finished parameter at a time
+(`param_readers`). Families without one fall back to mlx-lm's parser over the whole span.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from mlxlaunch.engine.output.json_readers import json_span_reader
+from mlxlaunch.engine.output.param_readers import param_span_reader
+from mlxlaunch.engine.output.spans import SpanReaderFactory
+from mlxlaunch.engine.types import ToolSpec
+from mlxlaunch.store.dialects import Dialect
+
+
+def span_reader_for(dialect: Dialect, tools: Sequence[ToolSpec]) -> SpanReaderFactory | None:
+    """The streaming reader for `dialect`'s spans, or None (use mlx-lm's parser)."""
+    if dialect.arguments == "json":
+        return json_span_reader(dialect.name)
+    if dialect.arguments == "params":
+        return param_span_reader(dialect.name, list(tools))
+    return None

@@ -1,0 +1,685 @@
+"""Streaming readers for tool calls whose arguments are written as parameters (XML-like).
+
+Qwen3-Coder, GLM-4.5/4.6/4.7, LongCat, MiniMax-M2 and DeepSeek-V3.2 ("DSML") write each
+argument as its own element, final when its closing tag arrives: the reader sends it then.
+
+One state machine (`ParamSpanReader`) reads them all; a `ParamGrammar` names each family's
+tags and how its values are read. The span's text is consumed marker by marker: each `feed`
+looks only at the new text plus a held-back tail shorter than the longest marker, so a 50 KB
+`content` arriving three characters at a time costs time linear in its length.
+
+Values are converted by the tool's JSON schema the way mlx-lm's parser for the family does
+(`mlx_lm/tool_parsers/<family>.py`), except where a streamed value cannot be taken back:
+- a value mlx-lm refuses (an integer parameter written "1.5") stays the text written, rather
+  than failing a call the client is already showing;
+- a parameter declared with a type none of these parsers knows stays text, and "null" becomes
+  None only where the schema does not say string;
+- a repeated parameter name keeps its first value (mlx-lm keeps the last, but the first was
+  already sent); later ones are dropped;
+- a call the span or the output cuts off before its end tag is ended with the parameters
+  finished so far (an unfinished value is dropped).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import json
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum, auto
+from typing import Any
+
+from mlxlaunch.engine.output.spans import (
+    CallArgs,
+    CallBegin,
+    CallEnd,
+    CallPiece,
+    SpanReaderFactory,
+    arguments_text,
+)
+from mlxlaunch.engine.types import ToolSpec
+
+# A call or parameter name longer than this, or one with spaces, is prose, not markup.
+_MAX_NAME = 256
+_NAME = re.compile(r"[^\s<>\"'{}]+")
+# A name, bare (`Bash`) or quoted (`"Bash"`, MiniMax and DSML), then any attributes.
+_QUOTED = re.compile(r"""\s*(?:"([^"]*)"|'([^']*)'|([^\s"'>]+))(.*)""", re.DOTALL)
+_DSML_STRING = re.compile(r"""string\s*=\s*["']?(true|false)""")
+
+# A parameter's value from (its text, what the markup says of its type: DSML's string="true"
+# or "false", else None, its schema: None when the tool does not declare it).
+ValueReader = Callable[[str, str | None, Any], Any]
+
+
+@dataclass(frozen=True)
+class ParamGrammar:
+    """One family's tool-call markup, as the markers the reader waits for.
+
+    A call is `call_open NAME name_end` (or, when `call_open` is None, the span opens with
+    the name), then parameters `param_open KEY key_end [value_open] VALUE value_close`, then
+    `call_close` (None: the span's end closes the call; one call per span).
+    """
+
+    call_open: str | None
+    name_ends: tuple[str, ...]
+    param_open: str
+    call_close: str | None
+    key_ends: tuple[str, ...]
+    value_open: str | None
+    value_close: str
+    trim: Callable[[str], str]  # the value text as the family's parser takes it
+    read_value: ValueReader
+    # The body may instead be a JSON object ({"name", "arguments"}), or the name followed by
+    # one: GLM's and LongCat's parsers accept both.
+    json_body: bool = False
+
+    @property
+    def between(self) -> tuple[str, ...]:
+        return (self.param_open,) if self.call_close is None else (self.param_open, self.call_close)
+
+
+def param_span_reader(dialect_name: str, tools: Sequence[ToolSpec]) -> SpanReaderFactory | None:
+    """A factory of streaming readers for the dialect `dialect_name`, converting values by the
+    request's `tools`; None when the dialect does not write its arguments as parameters."""
+    grammar = PARAM_GRAMMARS.get(dialect_name)
+    if grammar is None:
+        return None
+    return functools.partial(ParamSpanReader, grammar, _properties_by_tool(tools))
+
+
+# --- the reader ----------------------------------------------------------------------------
+
+
+class _At(Enum):
+    CALL_OPEN = auto()  # before a call's opening tag
+    NAME = auto()  # in the call's name
+    BETWEEN = auto()  # in a call, between parameters
+    KEY = auto()  # in a parameter's name (and attributes)
+    VALUE_OPEN = auto()  # between a parameter's name and its value (GLM's <arg_value>)
+    VALUE = auto()
+    JSON = auto()  # the body is a JSON object, read whole at close
+    SKIP = auto()  # unreadable from here on: the rest of the span is ignored
+
+
+@dataclass
+class _Call:
+    """The call being read: its schema, the argument pieces sent, the parameter now open."""
+
+    properties: Mapping[str, Any]
+    args: list[str] = field(default_factory=list)
+    seen: set[str] = field(default_factory=set)
+    key: str | None = None  # None: the open parameter is unreadable and will be dropped
+    hint: str | None = None
+
+
+class ParamSpanReader:
+    """Reads one span of a parameter-style family (a `SpanReader`, see `spans.py`)."""
+
+    def __init__(self, grammar: ParamGrammar, properties: Mapping[str, Mapping[str, Any]]):
+        self._grammar = grammar
+        self._properties = properties  # tool name -> parameter name -> schema
+        self._scan = _MarkerScanner()
+        self._at = _At.NAME if grammar.call_open is None else _At.CALL_OPEN
+        self._call: _Call | None = None
+        self._committed = False
+
+    @property
+    def committed(self) -> bool:
+        return self._committed
+
+    def feed(self, text: str) -> list[CallPiece]:
+        if not text or self._at is _At.SKIP:
+            return []
+        self._scan.push(text)
+        pieces: list[CallPiece] = []
+        while self._step(pieces):
+            pass
+        return pieces
+
+    def close(self, complete: bool) -> list[CallPiece] | None:
+        at, self._at = self._at, _At.SKIP
+        if not self._committed:
+            whole: list[CallPiece] | None = None
+            if complete and at is _At.JSON:
+                whole = _json_call(self._scan.text(), self._grammar, self._properties)
+            elif complete and at is _At.NAME and self._grammar.call_open is None:
+                whole = self._name_only_call()
+            self._committed = whole is not None
+            return whole
+        call, self._call = self._call, None
+        if call is None:
+            return []
+        if at is _At.BETWEEN and self._grammar.json_body and not call.args:
+            arguments = _json_arguments(self._scan.text(), self._grammar, call.properties)
+            if arguments is not None:
+                return [CallArgs(arguments), CallEnd(arguments)]
+        # Cut off, or a value left half written: the call is not what the model meant.
+        return _end(call, complete=complete and at is not _At.VALUE)
+
+    # --- one marker at a time ------------------------------------------------------------
+
+    def _step(self, pieces: list[CallPiece]) -> bool:
+        """Consume up to the next marker of the current state; False when it has not come."""
+        grammar, at = self._grammar, self._at
+        if at is _At.VALUE:  # first: where long text arrives
+            found = self._scan.until((grammar.value_close,))
+            if found is None:
+                return False
+            pieces += self._param(found[1])
+            self._at = _At.BETWEEN
+            return True
+        if at is _At.CALL_OPEN:
+            assert grammar.call_open is not None
+            return self._advance(self._scan.until((grammar.call_open,), keep=False), _At.NAME)
+        if at is _At.NAME:
+            return self._name(pieces)
+        if at is _At.BETWEEN:
+            assert self._call is not None
+            # Text between a GLM name and its first parameter is kept: it may be JSON.
+            keep = grammar.json_body and not self._call.args
+            found = self._scan.until(grammar.between, keep=keep)
+            if found is None:
+                return False
+            if found[0] == grammar.param_open:
+                self._at = _At.KEY
+            else:
+                pieces += _end(self._call)
+                self._call = None
+                self._at = _At.CALL_OPEN
+            return True
+        if at is _At.KEY:
+            return self._key()
+        if at is _At.VALUE_OPEN:
+            assert grammar.value_open is not None
+            return self._advance(self._scan.until((grammar.value_open,), keep=False), _At.VALUE)
+        if at is _At.JSON:
+            self._scan.until((), keep=True)  # settle the text: a long body is not re-copied
+        return False  # JSON and SKIP wait for close
+
+    def _advance(self, found: tuple[str, str] | None, to: _At) -> bool:
+        if found is None:
+            return False
+        self._at = to
+        return True
+
+    def _name(self, pieces: list[CallPiece]) -> bool:
+        grammar = self._grammar
+        if grammar.json_body and not self._committed and self._scan.text().lstrip()[:1] == "{":
+            self._at = _At.JSON
+            return False
+        found = self._scan.until(grammar.name_ends)
+        if found is None:
+            if self._scan.size() > _MAX_NAME:
+                self._skip()
+            return False
+        marker, text = found
+        if not text.strip() and marker.isspace():
+            return True  # a blank line before the name
+        name = _name_of(text)
+        if name is None:
+            self._skip()
+            return False
+        self._call = _Call(self._properties.get(name, {}))
+        self._committed = True
+        pieces.append(CallBegin(name))
+        self._at = _At.KEY if marker == grammar.param_open else _At.BETWEEN
+        return True
+
+    def _key(self) -> bool:
+        assert self._call is not None
+        found = self._scan.until(self._grammar.key_ends)
+        if found is None:
+            if self._scan.size() > _MAX_NAME:
+                self._skip()  # no key ends in sight: the rest cannot be trusted
+            return False
+        marker, text = found
+        if not text.strip() and marker.isspace():
+            return True
+        key = _key_of(text)
+        self._call.key, self._call.hint = key if key is not None else (None, None)
+        self._at = _At.VALUE if self._grammar.value_open is None else _At.VALUE_OPEN
+        return True
+
+    def _param(self, raw: str) -> list[CallPiece]:
+        """The open parameter's value is complete: its piece of the arguments object."""
+        call = self._call
+        assert call is not None
+        key = call.key
+        if key is None or key in call.seen:
+            return []  # unreadable name, or a repeat: the first value was already sent
+        call.seen.add(key)
+        text = self._grammar.trim(raw)
+        value = self._grammar.read_value(text, call.hint, call.properties.get(key))
+        piece = ("{" if not call.args else ", ") + f"{_dumps(key)}: {_value_json(value, text)}"
+        call.args.append(piece)
+        return [CallArgs(piece)]
+
+    def _name_only_call(self) -> list[CallPiece] | None:
+        """A GLM span that is only a name (a call without arguments)."""
+        name = _name_of(self._scan.text())
+        if name is None:
+            return None
+        return [CallBegin(name), CallArgs("{}"), CallEnd("{}")]
+
+    def _skip(self) -> None:
+        self._at = _At.SKIP
+        self._scan = _MarkerScanner()  # nothing more is read: let the text go
+
+
+def _end(call: _Call, complete: bool = True) -> list[CallPiece]:
+    """End `call`; an incomplete one leaves its closing to the parser, which flags it."""
+    closing = "}" if call.args else "{}"
+    arguments = "".join(call.args) + closing
+    if not complete:
+        return [CallEnd(arguments, complete=False)]
+    return [CallArgs(closing), CallEnd(arguments)]
+
+
+# --- the text, consumed marker by marker ---------------------------------------------------
+
+
+class _MarkerScanner:
+    """The span's text not yet consumed: settled text (surely before the next marker) as a
+    list, so a long value grows without copying, and a short pending tail plus the newest
+    piece, the only text each search looks at."""
+
+    def __init__(self) -> None:
+        self._settled: list[str] = []
+        self._settled_size = 0
+        self._pending = ""
+
+    def push(self, text: str) -> None:
+        self._pending += text
+
+    def until(self, markers: tuple[str, ...], *, keep: bool = True) -> tuple[str, str] | None:
+        """(marker, text before it) for the earliest of `markers`, both consumed; None when
+        none has arrived yet. Text that cannot be part of a marker is kept for the answer,
+        or dropped when `keep` is False."""
+        found = _earliest(self._pending, markers)
+        if found is None:
+            cut = len(self._pending) - _held_back(self._pending, markers)
+            if cut:
+                if keep:
+                    self._settled.append(self._pending[:cut])
+                    self._settled_size += cut
+                self._pending = self._pending[cut:]
+            return None
+        start, marker = found
+        before = "".join(self._settled) + self._pending[:start]
+        self._settled, self._settled_size = [], 0
+        self._pending = self._pending[start + len(marker) :]
+        return marker, before
+
+    def size(self) -> int:
+        return self._settled_size + len(self._pending)
+
+    def text(self) -> str:
+        return "".join(self._settled) + self._pending
+
+
+def _earliest(text: str, markers: tuple[str, ...]) -> tuple[int, str] | None:
+    best: tuple[int, str] | None = None
+    for marker in markers:
+        at = text.find(marker)
+        if at >= 0 and (best is None or at < best[0]):
+            best = (at, marker)
+    return best
+
+
+def _held_back(text: str, markers: tuple[str, ...]) -> int:
+    """Length of the longest end of `text` that could still become one of `markers`."""
+    longest = 0
+    for marker in markers:
+        # Only where the marker's first character occurs in the last len(marker)-1 characters.
+        at = text.find(marker[0], max(len(text) - len(marker) + 1, 0))
+        while at >= 0 and len(text) - at > longest:
+            if marker.startswith(text[at:]):
+                longest = len(text) - at
+                break
+            at = text.find(marker[0], at + 1)
+    return longest
+
+
+# --- names -----------------------------------------------------------------------------------
+
+
+def _name_of(text: str) -> str | None:
+    """A call's name from `Bash` or `"Bash"`, or None when the text is not only a name."""
+    found = _quoted(text)
+    return found[0] if found is not None and not found[1].strip() else None
+
+
+def _key_of(text: str) -> tuple[str, str | None] | None:
+    """(name, DSML's string="true|false" or None) from a parameter's opening tag."""
+    found = _quoted(text)
+    if found is None:
+        return None
+    hint = _DSML_STRING.search(found[1])
+    return found[0], hint.group(1) if hint else None
+
+
+def _quoted(text: str) -> tuple[str, str] | None:
+    """(name, the text after it) from `name attributes…` or `"name" attributes…`."""
+    match = _QUOTED.match(text)
+    if match is None:
+        return None
+    name = next(g for g in match.groups()[:3] if g is not None)
+    ok = len(name) <= _MAX_NAME and _NAME.fullmatch(name)
+    return (name, match.group(4)) if ok else None
+
+
+# --- values --------------------------------------------------------------------------------
+
+
+def _strip_newlines(text: str) -> str:
+    """Qwen3-Coder writes a value on its own lines: one newline each side is markup."""
+    text = text.removeprefix("\n")
+    return text.removesuffix("\n")
+
+
+_QWEN_STRING = {"string", "str", "text", "varchar", "char", "enum"}
+_QWEN_BOOL = {"boolean", "bool", "binary"}
+_QWEN_INT = ("int", "uint", "long", "short", "unsigned")
+
+
+def _qwen3_value(text: str, hint: str | None, schema: Any) -> Any:
+    """Qwen3-Coder: by the schema's `type` name; no type: a JSON object or array, else text."""
+    kind = _first_type(schema.get("type")) if isinstance(schema, dict) else None
+    if text.lower() == "null" and kind not in _QWEN_STRING:
+        return None
+    if not isinstance(schema, dict) or not schema:
+        return text
+    if "type" not in schema:
+        return _json_container(text) or text
+    if kind is None or kind in _QWEN_STRING:
+        return text
+    if kind.startswith(_QWEN_INT):
+        return _number(text, integer=True)
+    if kind.startswith(("num", "float")):
+        return _number(text, integer=False)
+    if kind in _QWEN_BOOL:
+        return text.lower() == "true"
+    if kind in ("object", "array", "arr") or kind.startswith(("dict", "list")):
+        return _container(text)
+    return text
+
+
+_MINIMAX_ORDER = ("integer", "int", "number", "float", "boolean", "bool", "object", "array")
+_MINIMAX_STRING = {"string", "str", "text"}
+_MINIMAX_TRUE = {"true", "1", "yes", "on"}
+_MINIMAX_FALSE = {"false", "0", "no", "off"}
+
+
+def _minimax_value(text: str, hint: str | None, schema: Any) -> Any:
+    """MiniMax-M2: the first of the schema's types (integer, number, boolean, object/array,
+    string: in that order) the text reads as; undeclared parameters are text."""
+    types = {t.lower() for t in _schema_types(schema)} or {"string"}
+    is_string = bool(types & _MINIMAX_STRING)
+    if text.lower() == "null" and not is_string:
+        return None
+    if "null" in types and text.lower() in ("none", "nil"):
+        return None
+    for kind in _MINIMAX_ORDER:
+        if kind not in types:
+            continue
+        if kind in ("integer", "int"):
+            value = _number(text, integer=True)
+        elif kind in ("number", "float"):
+            value = _number(text, integer=False)
+        elif kind in ("boolean", "bool"):
+            word = text.lower().strip()
+            value = True if word in _MINIMAX_TRUE else False if word in _MINIMAX_FALSE else text
+        else:
+            value = _container(text)
+        if value is not text:
+            return value
+    if is_string or not types & set(_MINIMAX_ORDER):
+        return text
+    return _json(text, text)
+
+
+_KNOWN_TYPES = {"string", "integer", "number", "boolean", "object", "array", "null"}
+
+
+def _glm_value(text: str, hint: str | None, schema: Any) -> Any:
+    """GLM and LongCat: string parameters are text; any other is read as JSON or a Python
+    literal when it is one."""
+    types = _schema_types(schema) if isinstance(schema, dict) and "type" in schema else []
+    if "string" in types or (types and not set(types) & _KNOWN_TYPES):
+        return text
+    return _literal(text)
+
+
+def _dsml_value(text: str, hint: str | None, schema: Any) -> Any:
+    """DeepSeek-V3.2: string="true" is text, string="false" a JSON value."""
+    if hint == "true":
+        return text
+    if hint is None:
+        types = set(_schema_types(schema))
+        if "string" in types or not types & _KNOWN_TYPES:
+            return text  # undeclared, a string, or a type we do not know
+    return _json(text, text)
+
+
+def _first_type(declared: Any) -> str | None:
+    """The type a Qwen3-Coder parameter is read as: its `type`, or the first non-null one."""
+    if isinstance(declared, list):
+        declared = next((t for t in declared if t != "null"), None)
+    return str(declared).strip().lower() if declared is not None else None
+
+
+def _schema_types(schema: Any) -> list[str]:
+    """Every type a parameter's schema allows: its `type` (a name or a list), the types of its
+    `enum` values, and those of anyOf/oneOf/allOf branches; [] when it names none."""
+    if not isinstance(schema, dict):
+        return []
+    types: list[str] = []
+    declared = schema.get("type")
+    for kind in declared if isinstance(declared, list) else [declared]:
+        if isinstance(kind, str):
+            types.append(kind)
+    enum = schema.get("enum")
+    if isinstance(enum, list):
+        types += [_JSON_TYPES.get(type(value), "string") for value in enum]
+    for branch in ("anyOf", "oneOf", "allOf"):
+        choices = schema.get(branch)
+        if isinstance(choices, list):
+            for choice in choices:
+                types += _schema_types(choice)
+    return types
+
+
+_JSON_TYPES: dict[type, str] = {
+    type(None): "null",
+    bool: "boolean",
+    int: "integer",
+    float: "number",
+    list: "array",
+    dict: "object",
+}
+
+
+def _number(text: str, *, integer: bool) -> Any:
+    """An integer (or, unless `integer`, a float) when the text is one, else the text itself."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    if not math.isfinite(number):
+        return text
+    if number.is_integer():
+        return int(number)
+    return text if integer else number
+
+
+def _json(text: str, otherwise: Any) -> Any:
+    try:
+        return json.loads(text, strict=False)
+    except ValueError:
+        return otherwise
+
+
+def _json_container(text: str) -> dict[str, Any] | list[Any] | None:
+    value = _json(text, None)
+    return value if isinstance(value, dict | list) else None
+
+
+def _container(text: str) -> Any:
+    """An object or array written as JSON or as a Python literal, else the text itself."""
+    value = _json(text, text)
+    if value is text:
+        value = _python_literal(text)
+    return value
+
+
+def _literal(text: str) -> Any:
+    """A JSON value, else a Python literal, else the text (GLM's `_deserialize`)."""
+    value = _json(text, text)
+    return _python_literal(text) if value is text else value
+
+
+def _python_literal(text: str) -> Any:
+    try:
+        return ast.literal_eval(text)
+    except Exception:  # model output: any failure (syntax, depth, memory) means "not one"
+        return text
+
+
+def _dumps(value: Any) -> str:
+    # allow_nan=False: NaN and Infinity are not JSON and would break the client's parser.
+    return json.dumps(value, ensure_ascii=False, allow_nan=False)
+
+
+def _value_json(value: Any, text: str) -> str:
+    """JSON text of a converted value; the written text when the value has no JSON form (a
+    Python literal such as a set or bytes)."""
+    try:
+        return _dumps(value)
+    except (TypeError, ValueError, RecursionError):
+        return _dumps(text)
+
+
+# --- bodies that are JSON (GLM, LongCat) ----------------------------------------------------
+
+
+def _json_call(
+    text: str, grammar: ParamGrammar, properties: Mapping[str, Mapping[str, Any]]
+) -> list[CallPiece] | None:
+    """A whole body written as `{"name": …, "arguments": {…}}`."""
+    parsed = _json(text, None)
+    if isinstance(parsed, list) and parsed and isinstance(parsed[0], dict):
+        parsed = parsed[0]
+    if not isinstance(parsed, dict):
+        return None
+    name = parsed.get("name")
+    if not isinstance(name, str) or _name_of(name) is None:
+        return None
+    raw = parsed.get("arguments", parsed.get("parameters"))
+    arguments = _json_arguments(
+        "{}" if raw is None else raw if isinstance(raw, str) else _value_json(raw, ""),
+        grammar,
+        properties.get(name.strip(), {}),
+    )
+    if arguments is None:
+        return None
+    return [CallBegin(name.strip()), CallArgs(arguments), CallEnd(arguments)]
+
+
+def _json_arguments(text: str, grammar: ParamGrammar, properties: Mapping[str, Any]) -> str | None:
+    """JSON text of an arguments object written as JSON, its string values read by schema."""
+    parsed = _json(text.strip(), None)
+    if not isinstance(parsed, dict):
+        return None
+    for key, value in parsed.items():
+        if isinstance(value, str):
+            parsed[key] = grammar.read_value(value, None, properties.get(key))
+    return arguments_text(parsed)
+
+
+# --- the families ------------------------------------------------------------------------------
+
+
+def _properties_by_tool(tools: Sequence[ToolSpec]) -> dict[str, Mapping[str, Any]]:
+    """Tool name -> its parameters' schemas (the first tool of a name wins, as in mlx-lm)."""
+    found: dict[str, Mapping[str, Any]] = {}
+    for tool in tools:
+        properties = (
+            tool.parameters.get("properties") if isinstance(tool.parameters, dict) else None
+        )
+        found.setdefault(tool.name, properties if isinstance(properties, dict) else {})
+    return found
+
+
+def _glm_like(prefix: str) -> ParamGrammar:
+    """GLM's markup (`name\\n<arg_key>k</arg_key>\\n<arg_value>v</arg_value>…`); LongCat
+    writes the same with `longcat_` tags."""
+    return ParamGrammar(
+        call_open=None,
+        name_ends=("\n", f"<{prefix}arg_key>"),
+        param_open=f"<{prefix}arg_key>",
+        call_close=None,
+        key_ends=(f"</{prefix}arg_key>",),
+        value_open=f"<{prefix}arg_value>",
+        value_close=f"</{prefix}arg_value>",
+        trim=str.strip,
+        read_value=_glm_value,
+        json_body=True,
+    )
+
+
+# `<function=Bash>\n<parameter=command>\nls\n</parameter>\n</function>`; a missing `>` after
+# a name is tolerated, as mlx-lm's parser does.
+QWEN3_CODER = ParamGrammar(
+    call_open="<function=",
+    name_ends=(">", "\n"),
+    param_open="<parameter=",
+    call_close="</function>",
+    key_ends=(">", "\n"),
+    value_open=None,
+    value_close="</parameter>",
+    trim=_strip_newlines,
+    read_value=_qwen3_value,
+)
+
+# `<invoke name="Bash">\n<parameter name="command">ls</parameter>\n</invoke>`, several a span.
+MINIMAX_M2 = ParamGrammar(
+    call_open="<invoke name=",
+    name_ends=(">",),
+    param_open="<parameter name=",
+    call_close="</invoke>",
+    key_ends=(">",),
+    value_open=None,
+    value_close="</parameter>",
+    trim=str.strip,
+    read_value=_minimax_value,
+)
+
+# `<｜DSML｜invoke name="f">\n<｜DSML｜parameter name="p" string="true">v</｜DSML｜parameter>\n
+# </｜DSML｜invoke>`, several a span (DeepSeek-V3.2's encoding; ｜ is U+FF5C).
+DEEPSEEK_V32 = ParamGrammar(
+    call_open="<｜DSML｜invoke name=",
+    name_ends=(">",),
+    param_open="<｜DSML｜parameter name=",
+    call_close="</｜DSML｜invoke>",
+    key_ends=(">",),
+    value_open=None,
+    value_close="</｜DSML｜parameter>",
+    trim=str,
+    read_value=_dsml_value,
+)
+
+# Dialect name (`store.dialects`) -> its grammar.
+PARAM_GRAMMARS: dict[str, ParamGrammar] = {
+    "qwen3_coder": QWEN3_CODER,
+    "glm47": _glm_like(""),
+    "longcat": _glm_like("longcat_"),
+    "minimax_m2": MINIMAX_M2,
+    "deepseek_v32": DEEPSEEK_V32,
+}
