@@ -40,7 +40,7 @@ function __mlx_node --argument-names path what
             test $what = valued; and printf '%s\n' 
         case 'launch claude'
             test $what = children; and printf '%s\n' 
-            test $what = valued; and printf '%s\n' --model -m --small-model --port --context-length --max-output-tokens --keep-alive --max-concurrency --idle-clear --memory-fraction --cache-memory --cache-dir --cache-disk --tool-format --claude-bin --env -e --url --token
+            test $what = valued; and printf '%s\n' --model -m --small-model --port --context-length --max-output-tokens --keep-alive --max-concurrency --idle-clear --memory-fraction --cache-memory --cache-dir --cache-disk --tool-format --render --claude-bin --env -e --url --token
         case 'models'
             test $what = children; and printf '%s\n' add catalog info list pull recommend rm
             test $what = valued; and printf '%s\n' 
@@ -70,7 +70,7 @@ function __mlx_node --argument-names path what
             test $what = valued; and printf '%s\n' 
         case 'serve'
             test $what = children; and printf '%s\n' 
-            test $what = valued; and printf '%s\n' --model -m --host --port --auth-token --context-length --max-concurrency --idle-clear --keep-alive --memory-fraction --cache-memory --cache-dir --cache-disk --tool-format --allow-origin
+            test $what = valued; and printf '%s\n' --model -m --host --port --auth-token --context-length --max-concurrency --idle-clear --keep-alive --memory-fraction --cache-memory --cache-dir --cache-disk --tool-format --render --allow-origin
         case 'stop'
             test $what = children; and printf '%s\n' 
             test $what = valued; and printf '%s\n' --timeout
@@ -123,6 +123,7 @@ complete -c mlx -n "__mlx_at 'bench'" -l concurrency -x -d 'Simultaneous streams
 complete -c mlx -n "__mlx_at 'bench'" -l concurrency-prompt-tokens -x -d 'Prompt tokens of each concurrent stream (about).'
 complete -c mlx -n "__mlx_at 'bench'" -l concurrency-tokens -x -d 'Tokens each concurrent stream generates.'
 complete -c mlx -n "__mlx_at 'bench'" -l restart -l no-restart -d 'Restart each server as a new process and time a new sessions first tur'
+complete -c mlx -n "__mlx_at 'bench'" -l tool-loop -l no-tool-loop -d 'Time new prompts after tool loops, on a test model with Qwen3s real te'
 complete -c mlx -n "__mlx_at 'bench'" -l max-concurrency -x -d 'Our servers batch width (default: the engines).'
 complete -c mlx -n "__mlx_at 'bench'" -l out -r -F -d 'Directory for the JSON report and the SVG chart.'
 complete -c mlx -n "__mlx_at 'bench'" -l debug -d 'Show tracebacks and debug logs.'
@@ -170,6 +171,7 @@ complete -c mlx -n "__mlx_at 'launch claude'" -l cache-memory -x -d 'Memory for 
 complete -c mlx -n "__mlx_at 'launch claude'" -l cache-dir -r -F -d 'Directory for prefixes saved across restarts (default: under the user '
 complete -c mlx -n "__mlx_at 'launch claude'" -l cache-disk -x -d 'Disk budget of --cache-dir (0: keep nothing on disk).'
 complete -c mlx -n "__mlx_at 'launch claude'" -l tool-format -x -d 'The models tool-call format, for a model whose chat template does not '
+complete -c mlx -n "__mlx_at 'launch claude'" -l render -x -d 'Prompt rendering. stable: each prompt extends the previous one, so the'
 complete -c mlx -n "__mlx_at 'launch claude'" -l preload -d 'Load the model before claude starts.'
 complete -c mlx -n "__mlx_at 'launch claude'" -l claude-bin -x -d 'The claude to run (default: claude on PATH, else the pinned one).'
 complete -c mlx -n "__mlx_at 'launch claude'" -l install-claude -d 'If no claude is found, install Claude Code 2.1.332 (npm) without askin'
@@ -235,6 +237,7 @@ complete -c mlx -n "__mlx_at 'serve'" -l cache-memory -x -d 'Memory for cached p
 complete -c mlx -n "__mlx_at 'serve'" -l cache-dir -r -F -d 'Directory for prefixes saved across restarts (default: under the user '
 complete -c mlx -n "__mlx_at 'serve'" -l cache-disk -x -d 'Disk budget of --cache-dir (0: keep nothing on disk).'
 complete -c mlx -n "__mlx_at 'serve'" -l tool-format -x -d 'The models tool-call format, for a model whose chat template does not '
+complete -c mlx -n "__mlx_at 'serve'" -l render -x -d 'Prompt rendering. stable: each prompt extends the previous one, so the'
 complete -c mlx -n "__mlx_at 'serve'" -l preload -l no-preload -d 'Load the model before serving.'
 complete -c mlx -n "__mlx_at 'serve'" -l allow-remote -d 'Allow a --host other machines can reach (auth stays on).'
 complete -c mlx -n "__mlx_at 'serve'" -l no-auth -d 'Accept requests without a token (loopback only).'

@@ -77,7 +77,9 @@ def shared_prefix(model_dir: Path, a: GenerationRequest, b: GenerationRequest) -
 
 
 def saved_files(cache_dir: Path) -> list[Path]:
-    return sorted(p for p in cache_dir.glob("*/*") if not p.name.startswith(TMP_PREFIX))
+    files = cache_dir.glob("*/*")  # the entries' files, not the render-date beside them
+    entry = (".json", ".safetensors")
+    return sorted(p for p in files if p.suffix in entry and not p.name.startswith(TMP_PREFIX))
 
 
 @pytest.mark.slow
@@ -166,8 +168,10 @@ async def test_a_damaged_or_foreign_file_is_removed_and_never_loaded(
         restarted.close()
         plain.close()
     assert done.usage.cached_tokens == 0 and text == expected
-    assert figures.disk_loads == 0 and figures.disk_entries == 0
-    assert saved_files(tmp_path) == []
+    assert figures.disk_loads == 0
+    # The damaged entry is gone; what disk holds now is the new session's cold prompt alone.
+    assert not meta.exists() and not data.exists()
+    assert len(saved_files(tmp_path)) == 2
 
 
 # --- the disk tier alone ------------------------------------------------------------------

@@ -446,7 +446,7 @@ def test_the_dialect_decides_the_id_form() -> None:
 
 def test_the_template_is_probed_once_and_again_when_it_changes() -> None:
     tokenizer = TemplateTokenizer(template())
-    renderer = PromptRenderer(tokenizer)  # type: ignore[arg-type]
+    renderer = PromptRenderer(tokenizer, render_mode="exact")  # type: ignore[arg-type]
     renderer.render_text(request(hard_conversation()))
     after_first = tokenizer.renders
     renderer.render_text(request(hard_conversation()))

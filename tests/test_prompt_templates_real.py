@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from mlx_lm.tokenizer_utils import TokenizerWrapper
-from mlx_lm.tokenizer_utils import load as load_tokenizer
+from real_templates import tokenizer_builder
 
 from mlxlaunch.engine.prompt.render import PromptRenderer
 from mlxlaunch.engine.tool_ids import family_tool_id
@@ -28,9 +28,6 @@ from mlxlaunch.engine.types import GenerationRequest
 from mlxlaunch.protocol.requests import MessagesRequest
 from mlxlaunch.server.mapping import to_generation_request
 from mlxlaunch.store.dialects import detect_dialect
-from mlxlaunch.testing.builder import BPE_VOCAB_SIZE, CONTEXT_WINDOW
-from mlxlaunch.testing.templates import real_template_family
-from mlxlaunch.testing.tokenizer import write_tokenizer
 
 pytestmark = pytest.mark.slow  # builds a tokenizer per family
 
@@ -42,15 +39,12 @@ CAPTURED = ("print-mode-request", "tool-result-request", "title-request")
 # Templates whose own design re-renders history differently once the conversation grows, so
 # turn N's prompt is not a prefix of turn N+1's whatever we send (documented, and checked so
 # that a change either way is noticed):
-NOT_PREFIX_STABLE = {
-    # A call turn's analysis is shown only until a final answer follows it.
-    "gpt-oss-120b",
-    # The generation prompt opens `<think>`, history turns never hold one (reasoning is shown
-    # only after the last user turn).
-    "minimax-m2",
-    # The tool definitions are written before the *last* user message, so they move.
-    "mistral-small-3.2",
-}
+# Under stable rendering (the default) gpt-oss (a call turn's analysis shown only until a
+# final answer follows) and Mistral-Small-3.2 (tools written before the *last* user message)
+# keep their past too; what remains is a conversation cut just after a turn whose generation
+# prompt opened `<think>`, which history turns never hold (reasoning shown only after the last
+# user turn).
+NOT_PREFIX_STABLE = {"minimax-m2"}
 # Templates that drop an assistant's text in a turn that calls tools, and no rewrite renders
 # it (splitting it into its own turn breaks the template's role alternation later).
 TEXT_BESIDE_CALLS_DROPPED = {"mistral-small-3.2"}
@@ -125,19 +119,7 @@ def generation_request(body: dict[str, Any], messages: int | None = None) -> Gen
 
 @pytest.fixture(scope="module")
 def tokenizer_of(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], TokenizerWrapper]:
-    root = tmp_path_factory.mktemp("real-templates")
-    built: dict[str, TokenizerWrapper] = {}
-
-    def get(family: str) -> TokenizerWrapper:
-        if family not in built:
-            directory = root / family
-            directory.mkdir()
-            template = real_template_family(TEMPLATES / f"{family}.jinja")
-            write_tokenizer(directory, template, BPE_VOCAB_SIZE, CONTEXT_WINDOW)
-            built[family] = load_tokenizer(directory)
-        return built[family]
-
-    return get
+    return tokenizer_builder(tmp_path_factory.mktemp("real-templates"))
 
 
 def new_renderer(tokenizer: TokenizerWrapper) -> PromptRenderer:

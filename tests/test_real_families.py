@@ -16,167 +16,41 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import anthropic
-import httpx
 import jsonschema
 import pytest
-from mlx_lm.tokenizer_utils import load as load_tokenizer
+from real_templates import (
+    ANSWER,
+    BASH_TOOL,
+    CAPTURED,
+    COUNTED_FIELDS,
+    REASONING,
+    TEMPLATES,
+    FamilyModel,
+    answer_script,
+    captured,
+    post,
+    script_call,
+    scripted_reasoning_and_call,
+    served_family,
+)
 
-from mlxlaunch.engine.config import EngineConfig
-from mlxlaunch.engine.engine import Engine
 from mlxlaunch.protocol.grammar import check_stream
 from mlxlaunch.protocol.sse import parse_frames
-from mlxlaunch.server.runner import ServerHandle, start_server
-from mlxlaunch.testing.builder import build_model
-from mlxlaunch.testing.scripted import ScriptedOutput
-from mlxlaunch.testing.templates import TemplateFamily, real_template_family
 
 pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model
 
-FIXTURES = Path(__file__).parent / "fixtures"
-TEMPLATES = sorted((FIXTURES / "chat-templates").glob("*.jinja"))
-CAPTURED = ("print-mode-request", "tool-result-request", "title-request")
-BASH_TOOL: dict[str, Any] = {
-    "name": "Bash",
-    "description": "Run a shell command",
-    "input_schema": {
-        "type": "object",
-        "properties": {"command": {"type": "string"}, "description": {"type": "string"}},
-        "required": ["command"],
-    },
-}
-ANSWER = "The listing shows two files."
-HEADERS = {"x-api-key": "x", "anthropic-version": "2023-06-01"}
-COUNTED_FIELDS = ("model", "messages", "system", "tools", "thinking", "tool_choice")
-
-
-def captured(name: str) -> dict[str, Any]:
-    body = json.loads((FIXTURES / "claude-code-2.1.332" / f"{name}.json").read_text())["body"]
-    return dict(body)
-
-
-@dataclass
-class FamilyModel:
-    family: TemplateFamily
-    facts: dict[str, Any]
-    tokenizer: Any
-    engine: Engine
-    server: ServerHandle
-    scripted: ScriptedOutput
-
-    @property
-    def client(self) -> Any:  # the SDK, untyped: tests send loose dicts
-        return anthropic.Anthropic(base_url=self.server.url, api_key="x", max_retries=0)
-
-    def markup(self) -> list[str]:
-        """Every special or markup token of the family: none may reach visible text."""
-        return [
-            t
-            for t in self.facts["special_tokens"] + self.facts["added_tokens_not_special"]
-            if len(t) > 1
-        ]
+FAMILIES_DIR = "real-families"
 
 
 @pytest.fixture(scope="module", params=TEMPLATES, ids=[p.stem for p in TEMPLATES])
 def family_model(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[FamilyModel]:
-    template = Path(request.param)
-    family = real_template_family(template)
-    facts = json.loads(template.with_suffix(".tokens.json").read_text())
-    model_dir = build_model(tmp_path_factory.mktemp(family.name), "tiny", template=family)
-    scripted = ScriptedOutput()
-    engine = Engine(EngineConfig(model=str(model_dir), logits_hook=scripted, max_concurrency=2))
-    engine.start()
-    server = start_server(engine)
-    try:
-        yield FamilyModel(family, facts, load_tokenizer(model_dir), engine, server, scripted)
-    finally:
-        server.stop()
-        engine.close()
-
-
-def model_output_of_call(model: FamilyModel) -> tuple[str, str]:
-    """(what the model writes for the fixture's tool call, the token that ends its turn).
-
-    The fixture gives the text the template adds to a conversation for an assistant turn with
-    the call; the model writes that text minus what the generation prompt already holds."""
-    tokenizer = model.tokenizer
-    call = model.facts["tool_call"]
-    user = [{"role": "user", "content": "List the source files."}]
-    tools = [
-        {
-            "type": "function",
-            "function": {
-                "name": BASH_TOOL["name"],
-                "description": BASH_TOOL["description"],
-                "parameters": BASH_TOOL["input_schema"],
-            },
-        }
-    ]
-    before = tokenizer.apply_chat_template(user, tools=tools, tokenize=False)
-    prompt = tokenizer.apply_chat_template(
-        user, tools=tools, tokenize=False, add_generation_prompt=True
-    )
-    full = before + call["assistant_turn_as_rendered"]
-    shared = 0
-    while shared < min(len(full), len(prompt)) and full[shared] == prompt[shared]:
-        shared += 1
-    assert shared >= len(before) - 16, "the generation prompt does not continue the history"
-    written = full[shared:]
-    end = call["turn_ends_with"]
-    cut = written.find(end)
-    return (written[:cut] if cut >= 0 else written), end
-
-
-def script_call(model: FamilyModel, split: bool) -> None:
-    text, end = model_output_of_call(model)
-    tokenizer = model.tokenizer
-    if split:  # every marker that is not a single token arrives in pieces
-        ids: list[int] = []
-        for piece in _pieces(text, model.markup()):
-            ids += tokenizer.encode(piece, add_special_tokens=False)
-    else:
-        ids = tokenizer.encode(text, add_special_tokens=False)
-    end_ids = tokenizer.encode(end, add_special_tokens=False)
-    model.scripted.enqueue(tokens=[*ids, *end_ids])
-
-
-def answer_script(model: FamilyModel) -> str:
-    """ANSWER as the model writes it: after closing the think span, when the generation
-    prompt opens one (MiniMax-M2 always thinks)."""
-    markers = model.facts["think_markers"]
-    prompt = model.tokenizer.apply_chat_template(
-        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
-    )
-    if markers and prompt.rfind(markers[0]) > prompt.rfind(markers[1]):
-        return f"{markers[1]}\n\n{ANSWER}"
-    return ANSWER
-
-
-def _pieces(text: str, tokens: list[str]) -> list[str]:
-    """`text` as added tokens whole and everything else one character at a time."""
-    out: list[str] = []
-    i = 0
-    ordered = sorted(tokens, key=len, reverse=True)
-    while i < len(text):
-        token = next((t for t in ordered if text.startswith(t, i)), None)
-        if token is not None:
-            out.append(token)
-            i += len(token)
-        else:
-            out.append(text[i])
-            i += 1
-    return out
-
-
-def post(model: FamilyModel, path: str, body: dict[str, Any]) -> httpx.Response:
-    """The body as Claude Code sent it (the SDK refuses its newer fields)."""
-    return httpx.post(model.server.url + path, json=body, headers=HEADERS, timeout=300)
+    with served_family(Path(request.param), tmp_path_factory.mktemp(FAMILIES_DIR)) as model:
+        yield model
 
 
 def test_captured_requests_answer_streaming_and_not(family_model: FamilyModel) -> None:
@@ -278,48 +152,6 @@ def test_family_tool_call_round_trip(family_model: FamilyModel, split: bool) -> 
         first = message.usage
         before = first.input_tokens + (first.cache_read_input_tokens or 0) + first.output_tokens
         assert (answer.usage.cache_read_input_tokens or 0) >= before - 2
-
-
-REASONING = "The user wants the files listed, so I run ls."
-
-
-def scripted_reasoning_and_call(model: FamilyModel) -> str | None:
-    """Reasoning then the fixture's call, written as this family writes them: as its template
-    renders an assistant turn with reasoning (under whichever key it reads), else between the
-    fixture's think markers; None for a family with neither."""
-    tokenizer = model.tokenizer
-    example = model.facts["tool_call"]["example"]
-    call = {
-        "id": example["id"],
-        "type": "function",
-        "function": {"name": example["name"], "arguments": example["arguments"]},
-    }
-    user = [{"role": "user", "content": "List the source files."}]
-    turn = {
-        "role": "assistant",
-        "content": "",
-        "reasoning_content": REASONING,
-        "thinking": REASONING,
-        "tool_calls": [call],
-    }
-    try:
-        full = tokenizer.apply_chat_template([*user, turn], tokenize=False)
-    except Exception:
-        full = ""
-    prompt = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
-    shared = 0
-    while shared < min(len(full), len(prompt)) and full[shared] == prompt[shared]:
-        shared += 1
-    written = full[shared:]
-    end = written.find(model.facts["tool_call"]["turn_ends_with"])
-    written = written[:end] if end >= 0 else written
-    if REASONING in written:
-        return written
-    markers = model.facts["think_markers"]
-    if markers:
-        call_text, _ = model_output_of_call(model)
-        return f"{markers[0]}{REASONING}{markers[1]}{call_text}"
-    return None
 
 
 def test_reasoning_comes_back_as_thinking(family_model: FamilyModel) -> None:

@@ -119,7 +119,8 @@ def on_openai_event(event: str, data: str, timing: StreamTiming, now: float) -> 
     if usage:
         timing.prompt_tokens = usage.get("prompt_tokens")
         timing.output_tokens = usage.get("completion_tokens")
-        timing.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+        # None when the server does not say (older mlx-lm releases report no cached tokens).
+        timing.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
     if "error" in payload:
         timing.error = json.dumps(payload["error"])
 

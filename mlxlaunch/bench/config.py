@@ -26,6 +26,8 @@ class BenchConfig:
             same cache directory) and time a new session's first turn.
         restart_wait_s: how long after starting the new process the request is sent (a user
             typing), or when it is ready if that takes longer.
+        tool_loop: last, on a test model with Qwen3's chat template, a session of tool loops
+            with thinking, each ended by a new user prompt (`bench.tool_loop`).
     """
 
     quick: bool = False
@@ -40,6 +42,7 @@ class BenchConfig:
     concurrency_prompt_tokens: int = 2_000
     restart: bool = True
     restart_wait_s: float = 3.0
+    tool_loop: bool = True
 
     @classmethod
     def create(cls, *, quick: bool = False, **overrides: Any) -> BenchConfig:

@@ -28,6 +28,7 @@ from mlxlaunch.bench.runner import (
     server_steps,
 )
 from mlxlaunch.bench.summary import SummaryRow, summary_rows
+from mlxlaunch.bench.tool_loop import run_tool_loop, tool_loop_size
 from mlxlaunch.engine.config import default_prefill_chunk
 
 
@@ -84,7 +85,8 @@ class BenchOutcome:
 async def run_benchmark(
     options: BenchOptions, progress: ProgressSink | None = None
 ) -> BenchOutcome:
-    """Run every workload on our server and (unless disabled) mlx-lm's, alternating."""
+    """Run every workload on our server and (unless disabled) mlx-lm's, alternating; the
+    tool loop last, on servers and a model of its own."""
     progress = progress or SilentProgress()
     with tempfile.TemporaryDirectory(prefix="mlx-bench-cache-") as cache_dir:
         return await _run(options, progress, Path(cache_dir))
@@ -166,6 +168,32 @@ async def _run(options: BenchOptions, progress: ProgressSink, cache_dir: Path) -
             local = None  # stopped above (the peer's stop() is idempotent)
             progress.advance()
         servers["restart"] = restart
+        if plan.tool_loop:
+            # Its own model and servers, alone on the machine: stop these first.
+            for target in targets:
+                await target.aclose()
+            targets = []
+            if local:
+                local.stop()
+                local = None
+            if peer:
+                peer.stop()
+            if options.url:
+                warnings.append(
+                    "tool-loop left out: it runs on a test model of its own, which the server "
+                    "at --url does not serve"
+                )
+            else:
+                servers["tool_loop"], loop_warnings = await run_tool_loop(
+                    plan.tool_loop,
+                    size=tool_loop_size(options.model_name, quick=config.quick),
+                    max_tokens=config.turn_max_tokens,
+                    progress=progress,
+                    peer=peer is not None,
+                    peer_timeout_s=options.peer_timeout_s,
+                    engine_options=options.engine_options(),
+                )
+                warnings += loop_warnings
     finally:
         for target in targets:
             await target.aclose()

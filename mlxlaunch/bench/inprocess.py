@@ -45,13 +45,13 @@ class CeilingSample:
 
 
 def render(tokenizer: Any, conversation: Conversation) -> list[int]:
-    """The prompt tokens of `conversation` through the model's chat template (thinking off)."""
+    """The prompt tokens of `conversation` through the model's chat template."""
     tools = openai_tools(conversation.tools) or None
     tokens = tokenizer.apply_chat_template(
         openai_messages(conversation, arguments_as_json=False),
         tools=tools,
         add_generation_prompt=True,
-        enable_thinking=False,
+        enable_thinking=conversation.thinking,
     )
     return list(tokens)
 

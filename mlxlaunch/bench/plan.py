@@ -8,10 +8,12 @@ from mlxlaunch.bench.config import BenchConfig
 from mlxlaunch.bench.prompt import AgentPrompt, claude_code_prompt
 from mlxlaunch.bench.workloads import (
     Conversation,
+    LoopTurn,
     agent_session,
     first_turn,
     short_chat,
     stream_prompt,
+    tool_loop_session,
 )
 
 # Characters per token of the stream prompts when no tokenizer has measured it: about what
@@ -26,7 +28,8 @@ class BenchPlan:
     `cold` is the first Claude Code request a fresh server sees; `turns` the agent session;
     `warm` fresh sessions started after it (same system prompt and tools, new conversation);
     `restart` the first turn of a session sent to a restarted server; `streams` the prompts
-    of each concurrency level.
+    of each concurrency level; `tool_loop` the tool-loop session (sent to servers of its own,
+    on a model of its own).
     """
 
     prompt: AgentPrompt
@@ -36,6 +39,7 @@ class BenchPlan:
     decode: Conversation
     restart: Conversation | None = None
     streams: dict[int, list[Conversation]] = field(default_factory=dict)
+    tool_loop: list[LoopTurn] = field(default_factory=list)
 
     def floor_prompts(self) -> list[tuple[str, Conversation]]:
         """Prompts for the in-process prefill floor, in the servers' order: each one's floor is
@@ -64,4 +68,9 @@ def build_plan(config: BenchConfig, chars_per_token: float = DEFAULT_CHARS_PER_T
             level: [stream_prompt(level, i, stream_chars) for i in range(1, level + 1)]
             for level in config.concurrency
         },
+        tool_loop=(
+            tool_loop_session(prompt, tool_result_chars=config.tool_result_chars)
+            if config.tool_loop
+            else []
+        ),
     )

@@ -94,6 +94,7 @@ def build_report(
             "agent_session": servers["agent_session"],
             "new_session": servers["new_session"],
             "restart": servers.get("restart", {}),
+            "tool_loop": servers.get("tool_loop", {}),
             "concurrency": servers["concurrency"],
             "decode": {"runs": servers["decode"], "ceiling": limits["decode_ceiling"]},
             "prefill_floor": limits["prefill_floor"],

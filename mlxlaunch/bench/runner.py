@@ -85,7 +85,7 @@ def measure_limits(
     }
 
 
-async def _alternate(
+async def alternate(
     targets: Sequence[Target], step: int, run: Callable[[Target], Awaitable[T]]
 ) -> dict[str, T]:
     """Run `run` on every target, one after another, in an order that flips every step."""
@@ -127,7 +127,7 @@ async def measure_servers(
 
     async def each(conversation_run: Callable[[Target], Awaitable[T]]) -> dict[str, T]:
         nonlocal step
-        results = await _alternate(targets, step, conversation_run)
+        results = await alternate(targets, step, conversation_run)
         step += 1
         for _ in targets:
             progress.advance()

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlxlaunch.bench.stats import intervals, percentile, speedup, summarize, throughput
+from mlxlaunch.bench.workloads import TURN_KINDS
 
 
 @dataclass
@@ -57,7 +58,23 @@ def _cache_note(timing: dict[str, Any]) -> str:
     prompt, cached = timing.get("prompt_tokens"), timing.get("cached_tokens")
     if prompt is None:
         return ""
-    return f"{_k(cached or 0)}/{_k(prompt)} cached"
+    if cached is None:
+        return f"{_k(prompt)} prompt, reuse not reported"
+    return f"{_k(cached)}/{_k(prompt)} cached"
+
+
+def _reuse_note(timings: list[dict[str, Any]]) -> str:
+    """Prompt tokens reused over several turns: "2.1k/6.0k cached over 5 turns"."""
+    if len(timings) == 1:
+        return _cache_note(timings[0])
+    failed = [t for t in timings if t.get("error")]
+    if failed:
+        return _cache_note(failed[0])
+    prompt = sum(t.get("prompt_tokens") or 0 for t in timings)
+    if any(t.get("cached_tokens") is None for t in timings):
+        return f"{_k(prompt)} prompt over {len(timings)} turns, reuse not reported"
+    cached = sum(t["cached_tokens"] for t in timings)
+    return f"{_k(cached)}/{_k(prompt)} cached over {len(timings)} turns"
 
 
 def _k(tokens: int) -> str:
@@ -106,6 +123,28 @@ def _session_rows(servers: dict[str, Any], limits: dict[str, Any]) -> list[Summa
                 "agent-session", f"turns 2–{len(later) + 1} TTFT p50", "s", False,
                 {n: _p((t["results"][n]["ttft_s"] for t in later), 50) for n in names},
                 _p((_floor(limits, f"turn {t['turn']}") for t in later), 50),
+            )
+        )  # fmt: skip
+    return rows
+
+
+def _tool_loop_rows(servers: dict[str, Any]) -> list[SummaryRow]:
+    """A row per kind of turn of the tool loop (the new prompts are what it is for)."""
+    loop = servers.get("tool_loop")
+    if not loop:
+        return []
+    names: list[str] = loop["targets"]
+    rows = []
+    for kind in TURN_KINDS:
+        turns = [t["results"] for t in loop["turns"] if t["kind"] == kind]
+        if not turns:
+            continue
+        metric = f"{kind} TTFT" if len(turns) == 1 else f"{kind} TTFT p50"
+        rows.append(
+            SummaryRow(
+                "tool-loop", metric, "s", False,
+                {n: _p((t[n]["ttft_s"] for t in turns), 50) for n in names},
+                notes={n: _reuse_note([t[n] for t in turns]) for n in names},
             )
         )  # fmt: skip
     return rows
@@ -243,20 +282,25 @@ def _floor_rows(limits: dict[str, Any]) -> list[SummaryRow]:
 
 
 WORKLOADS = ("agent-session", "new-session", "restart", "concurrency", "decode", "prefill floor")
+# Workloads on a model of their own, not the one being benchmarked (left out with `--url`).
+OWN_MODEL_WORKLOADS = ("tool-loop",)
+# The order of the table: the sessions first, then the rest.
+ROW_ORDER = WORKLOADS[:2] + OWN_MODEL_WORKLOADS + WORKLOADS[2:]
 
 
 def workload_of(row: SummaryRow) -> str:
     """The workload a row belongs to ("concurrency 4" belongs to "concurrency")."""
-    return next(w for w in WORKLOADS if row.workload.startswith(w))
+    return next(w for w in ROW_ORDER if row.workload.startswith(w))
 
 
 def summary_rows(servers: dict[str, Any], limits: dict[str, Any]) -> list[SummaryRow]:
-    """Every row of the report, grouped by workload in the order of WORKLOADS."""
+    """Every row of the report, grouped by workload in the order of ROW_ORDER."""
     rows = (
         _session_rows(servers, limits)
+        + _tool_loop_rows(servers)
         + _restart_rows(servers, limits)
         + _decode_rows(servers, limits)
         + _concurrency_rows(servers)
         + _floor_rows(limits)
     )
-    return sorted(rows, key=lambda r: WORKLOADS.index(workload_of(r)))
+    return sorted(rows, key=lambda r: ROW_ORDER.index(workload_of(r)))

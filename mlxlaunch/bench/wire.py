@@ -11,6 +11,7 @@ from typing import Any
 
 from mlxlaunch.bench.workloads import Conversation
 from mlxlaunch.engine.types import ChatMessage, ToolSpec
+from mlxlaunch.server.blocks import thinking_signature
 
 BENCH_MODEL = "mlx-bench"
 # mlx_lm.server loads whatever model a request names; this name means "the one it started with".
@@ -18,11 +19,15 @@ PEER_MODEL = "default_model"
 # Claude Code sends no temperature, so servers sample at 1.0; greedy decoding of a random-weight
 # test model also tends to repeat whitespace, which servers may hold back as no content at all.
 TEMPERATURE = 1.0
+# mlx_lm.server hands messages to the chat template as they come; an assistant's thinking goes
+# where Qwen3's template reads it (GLM's, MiniMax's and Gemma 4's too; gpt-oss reads `thinking`).
+REASONING_FIELD = "reasoning_content"
 
 
 def anthropic_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    """Messages in Anthropic form: tool calls become `tool_use` blocks, tool messages become
-    `tool_result` blocks of one user turn (consecutive results merge, as Claude Code sends them)."""
+    """Messages in Anthropic form: reasoning becomes a `thinking` block, tool calls become
+    `tool_use` blocks, tool messages become `tool_result` blocks of one user turn (consecutive
+    results merge, as Claude Code sends them)."""
     out: list[dict[str, Any]] = []
     for message in messages:
         if message.role == "tool":
@@ -43,6 +48,15 @@ def anthropic_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
                 out.append({"role": "user", "content": [block]})
         elif message.role == "assistant":
             blocks: list[dict[str, Any]] = []
+            if message.reasoning:
+                # Signed as our server signs it: what Claude Code would echo back.
+                blocks.append(
+                    {
+                        "type": "thinking",
+                        "thinking": message.reasoning,
+                        "signature": thinking_signature(message.reasoning),
+                    }
+                )
             if message.content:
                 blocks.append({"type": "text", "text": message.content})
             blocks += [
@@ -60,7 +74,8 @@ def anthropic_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
 def anthropic_body(
     conversation: Conversation, *, max_tokens: int, model: str = BENCH_MODEL
 ) -> dict[str, Any]:
-    """A streaming `POST /v1/messages` body, without thinking."""
+    """A streaming `POST /v1/messages` body; thinking as Claude Code asks for it when the
+    conversation wants it (adaptive, but shown: the first thinking delta is the first token)."""
     body: dict[str, Any] = {
         "model": model,
         "max_tokens": max_tokens,
@@ -69,6 +84,8 @@ def anthropic_body(
         "system": conversation.system,
         "messages": anthropic_messages(conversation.messages),
     }
+    if conversation.thinking:
+        body["thinking"] = {"type": "adaptive"}
     if conversation.tools:
         body["tools"] = [
             {"name": t.name, "description": t.description, "input_schema": t.parameters}
@@ -92,6 +109,8 @@ def _openai_message(message: ChatMessage, *, arguments_as_json: bool) -> dict[st
     if message.role == "tool":
         return {"role": "tool", "tool_call_id": message.tool_call_id, "content": message.content}
     out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.reasoning:
+        out[REASONING_FIELD] = message.reasoning
     if message.tool_calls:
         out["tool_calls"] = [
             {
@@ -120,8 +139,8 @@ def openai_messages(
 def openai_body(
     conversation: Conversation, *, max_tokens: int, model: str = PEER_MODEL
 ) -> dict[str, Any]:
-    """A streaming `POST /v1/chat/completions` body for mlx_lm.server, without thinking,
-    asking for usage (prompt and cached token counts) in the last chunk."""
+    """A streaming `POST /v1/chat/completions` body for mlx_lm.server, asking for usage
+    (prompt and cached token counts) in the last chunk; thinking as the conversation wants."""
     body: dict[str, Any] = {
         "model": model,
         "max_tokens": max_tokens,
@@ -129,8 +148,8 @@ def openai_body(
         "stream_options": {"include_usage": True},
         "temperature": TEMPERATURE,
         "messages": openai_messages(conversation),
-        # Same rendering as our server with thinking off.
-        "chat_template_kwargs": {"enable_thinking": False},
+        # Rendered as our server renders with thinking on or off.
+        "chat_template_kwargs": {"enable_thinking": conversation.thinking},
     }
     if conversation.tools:
         body["tools"] = openai_tools(conversation.tools)

@@ -1,4 +1,5 @@
-"""Conversations the benchmark sends: a growing agent session, fresh sessions, short chats.
+"""Conversations the benchmark sends: a growing agent session, fresh sessions, short chats, and
+a session of tool loops with thinking, each ended by a new user prompt.
 
 Conversations are built from the engine's own chat types (`ChatMessage`, `ToolSpec`) and turned
 into each server's wire format by `bench.wire`, so both servers get the same messages.
@@ -8,7 +9,9 @@ Everything here is deterministic: the same arguments give the same conversation,
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from mlxlaunch.bench.prompt import AgentPrompt
 from mlxlaunch.engine.types import ChatMessage, ToolCallRecord, ToolSpec
@@ -31,15 +34,17 @@ _WORDS = (
 
 @dataclass
 class Conversation:
-    """One request's worth of conversation: system text, tools and messages."""
+    """One request's worth of conversation: system text, tools and messages, and whether the
+    request asks for thinking (Claude Code does; the other workloads leave it off)."""
 
     system: str
     tools: tuple[ToolSpec, ...]
     messages: list[ChatMessage] = field(default_factory=list)
+    thinking: bool = False
 
     def with_messages(self, *extra: ChatMessage) -> Conversation:
         """A copy with `extra` messages appended (the original is left as it was)."""
-        return Conversation(self.system, self.tools, [*self.messages, *extra])
+        return Conversation(self.system, self.tools, [*self.messages, *extra], self.thinking)
 
 
 def tool_result_text(turn: int, chars: int) -> str:
@@ -132,3 +137,104 @@ def stream_prompt(level: int, index: int, chars: int) -> Conversation:
             )
         ],
     )
+
+
+# --- the tool loop: new user prompts after loops of tool rounds, with thinking ----------------
+
+TurnKind = Literal["first prompt", "tool round", "new prompt"]
+TURN_KINDS: tuple[TurnKind, ...] = ("first prompt", "tool round", "new prompt")
+# Tool rounds before each new user prompt: the session is prompt, 3 rounds, new prompt, 2
+# rounds, new prompt.
+LOOP_ROUNDS = (3, 2)
+
+# The assistant's side, scripted: servers are compared on the same prompts, so no turn is ever
+# the model's own output. Thinking as Claude Code's model writes it before a call: a few
+# sentences on what it knows and why it calls this tool next.
+_CALL_THINKING = {
+    "Read": (
+        "The report says entries come back stale after a file is edited. Before changing "
+        "anything I want to see how {path} builds its cache keys and when it evicts them, so "
+        "I will read the whole file first and note every place a key is made."
+    ),
+    "Bash": (
+        "Reading one module is not enough: every caller of the cache has to agree on the key. "
+        "A grep over src/ lists where keys are built and where entries are dropped, and the "
+        "fix must cover all of them, so I will search before I edit."
+    ),
+}
+# Per loop: the thinking and text of the answer that ends it, then the user's next prompt.
+_ANSWERS = (
+    (
+        "The reads agree: keys ignore the file's modification time, so an edited file hits "
+        "the old entry. Adding the mtime to the key fixes it at both call sites. Tell the "
+        "user what changed and where.",
+        "Fixed: cache keys now include the file's modification time, so an edited file is "
+        "read again instead of served from the stale entry. The change is in "
+        "`src/module_1.py` and `src/module_3.py`.",
+        "Thanks. Now add a test that edits a file between two reads and checks that the "
+        "second read sees the edit.",
+    ),
+    (
+        "Both call sites pass the mtime now and the new test edits a file between two reads. "
+        "It fails without the fix and passes with it. Summarise that for the user.",
+        "Added `test_edit_invalidates_entry`: it reads a file, edits it, reads it again and "
+        "checks that the second read sees the edit. It fails without the fix and passes "
+        "with it.",
+        "Good. Last thing: add a line about the fix to the changelog.",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class LoopTurn:
+    """One request of the tool loop and the kind of turn it is: the first prompt, a tool
+    round (the request after a tool result) or a new prompt (after the assistant's answer)."""
+
+    kind: TurnKind
+    conversation: Conversation
+
+
+def call_thinking(call: ToolCallRecord) -> str:
+    """The scripted thinking before `call`."""
+    path = call.arguments.get("file_path", "the module")
+    return _CALL_THINKING[call.name].format(path=path)
+
+
+def tool_loop_session(
+    prompt: AgentPrompt, *, tool_result_chars: int, rounds: Sequence[int] = LOOP_ROUNDS
+) -> list[LoopTurn]:
+    """The requests of a Claude Code session of tool loops, thinking on, one per turn.
+
+    The first user prompt, then for each count in `rounds`: that many tool rounds (an
+    assistant turn with thinking and one tool call, then its result of `tool_result_chars`
+    characters), the assistant's answer (thinking and text) and a new user prompt. Every
+    request resends everything before it, as Claude Code does.
+    """
+    if not 1 <= len(rounds) <= len(_ANSWERS) or min(rounds) < 1:
+        raise ValueError(f"a tool loop has 1 to {len(_ANSWERS)} loops of at least one round")
+    first = first_turn(prompt, "tool-loop")
+    conversation = Conversation(first.system, first.tools, first.messages, thinking=True)
+    turns = [LoopTurn("first prompt", conversation)]
+    number = 0
+    for count, (thinking, answer, next_prompt) in zip(rounds, _ANSWERS, strict=False):
+        for _ in range(count):
+            number += 1
+            call = tool_call_for_turn(number)
+            conversation = conversation.with_messages(
+                ChatMessage(
+                    role="assistant", content="", reasoning=call_thinking(call), tool_calls=[call]
+                ),
+                ChatMessage(
+                    role="tool",
+                    content=tool_result_text(number, tool_result_chars),
+                    tool_call_id=call.id,
+                    name=call.name,
+                ),
+            )
+            turns.append(LoopTurn("tool round", conversation))
+        conversation = conversation.with_messages(
+            ChatMessage(role="assistant", content=answer, reasoning=thinking),
+            ChatMessage(role="user", content=next_prompt),
+        )
+        turns.append(LoopTurn("new prompt", conversation))
+    return turns

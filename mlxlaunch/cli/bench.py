@@ -96,6 +96,13 @@ def bench(
             help="Restart each server as a new process and time a new session's first turn.",
         ),
     ] = True,
+    tool_loop: Annotated[
+        bool,
+        typer.Option(
+            "--tool-loop/--no-tool-loop",
+            help="Time new prompts after tool loops, on a test model with Qwen3's real template.",
+        ),
+    ] = True,
     max_concurrency: Annotated[
         int | None,
         typer.Option(min=1, help="Our server's batch width (default: the engine's)."),
@@ -129,6 +136,7 @@ def bench(
         concurrency_prompt_tokens=concurrency_prompt_tokens,
         concurrency_tokens=concurrency_tokens,
         restart=restart,
+        tool_loop=tool_loop,
     )
     console = Console()
     if not console.is_terminal:  # logs and CI: don't wrap the table at 80 columns

@@ -20,11 +20,13 @@ from mlxlaunch.cli.options import model_option
 from mlxlaunch.cli.scheduler_options import (
     DEFAULT_IDLE_CLEAR,
     DEFAULT_MEMORY_FRACTION,
+    DEFAULT_RENDER,
     ContextLengthOption,
     IdleClearOption,
     KeepAliveOption,
     MaxConcurrencyOption,
     MemoryFractionOption,
+    RenderOption,
     ToolFormatOption,
 )
 from mlxlaunch.engine.settings import DEFAULT_CACHE_DISK
@@ -142,6 +144,7 @@ def claude(
     cache_dir: CacheDirOption = None,
     cache_disk: CacheDiskOption = DEFAULT_CACHE_DISK,
     tool_format: ToolFormatOption = None,
+    render: RenderOption = DEFAULT_RENDER,
     preload: Annotated[
         bool, typer.Option("--preload", help="Load the model before claude starts.")
     ] = False,
@@ -201,6 +204,7 @@ def claude(
             cache_dir=cache_dir,
             cache_disk=cache_disk,
             tool_format=tool_format,
+            render=render,
         ),
         max_output_tokens=max_output_tokens,
         preload=preload,

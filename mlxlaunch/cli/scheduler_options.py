@@ -88,3 +88,26 @@ ToolFormatOption = Annotated[
         show_default=False,
     ),
 ]
+
+
+# The engine's render modes (`engine.config.RenderMode`), spelled here so the CLI imports no MLX.
+RENDER_MODES = ("stable", "exact")
+DEFAULT_RENDER = "stable"
+
+
+def _render(value: str) -> str:
+    if value not in RENDER_MODES:
+        raise typer.BadParameter(f"{value!r} is not one of: {', '.join(RENDER_MODES)}")
+    return value
+
+
+RenderOption = Annotated[
+    str,
+    typer.Option(
+        callback=_render,
+        metavar="[stable|exact]",
+        help="Prompt rendering. stable: each prompt extends the previous one, so the prefix "
+        "cache reuses it (earlier reasoning is kept, a printed date pinned); exact: the chat "
+        "template's own output.",
+    ),
+]

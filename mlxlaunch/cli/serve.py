@@ -17,11 +17,13 @@ from mlxlaunch.cli.options import model_option
 from mlxlaunch.cli.scheduler_options import (
     DEFAULT_IDLE_CLEAR,
     DEFAULT_MEMORY_FRACTION,
+    DEFAULT_RENDER,
     ContextLengthOption,
     IdleClearOption,
     KeepAliveOption,
     MaxConcurrencyOption,
     MemoryFractionOption,
+    RenderOption,
     ToolFormatOption,
 )
 from mlxlaunch.engine.settings import DEFAULT_CACHE_DISK
@@ -69,6 +71,7 @@ def serve(
     cache_dir: CacheDirOption = None,
     cache_disk: CacheDiskOption = DEFAULT_CACHE_DISK,
     tool_format: ToolFormatOption = None,
+    render: RenderOption = DEFAULT_RENDER,
     preload: Annotated[
         bool, typer.Option("--preload/--no-preload", help="Load the model before serving.")
     ] = True,
@@ -115,6 +118,7 @@ def serve(
             cache_dir=cache_dir,
             cache_disk=cache_disk,
             tool_format=tool_format,
+            render=render,
         ),
     )
     serve_model(options, console=_console, logits_hook=overrides(ctx).logits_hook)

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -18,6 +18,10 @@ from mlxlaunch.engine.types import GenerationRequest
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 LogitsHook = Callable[[GenerationRequest, Any], Sequence[LogitsProcessor] | None]
 ModelWrapper = Callable[[nn.Module], nn.Module]
+# How prompts are rendered: "stable" (each prompt extends the previous one; see
+# engine/prompt/stable.py) or "exact" (the chat template's own output).
+RenderMode = Literal["exact", "stable"]
+RENDER_MODES: tuple[RenderMode, ...] = ("exact", "stable")
 
 
 def _on_gpu() -> bool:
@@ -82,6 +86,9 @@ class EngineConfig:
         cache_restore: disk entries of this model restored into memory at load (warm start).
         tool_format: the model's tool-call format by name (`store.dialects.DIALECTS`), for a
             model whose template hides it; None: detected from the tokenizer and template.
+        render: "stable" (default: each prompt extends the previous prompt and output, so the
+            prefix cache prefills only what is new) or "exact" (the chat template's own
+            output, which may re-render the past).
     """
 
     model: str
@@ -105,8 +112,11 @@ class EngineConfig:
     cache_block_tokens: int = 256
     cache_restore: int = 4
     tool_format: str | None = None
+    render: RenderMode = "stable"
 
     def __post_init__(self) -> None:
+        if self.render not in RENDER_MODES:
+            raise ValueError(f"render must be one of {', '.join(RENDER_MODES)}")
         if self.cache_block_tokens < 1:
             raise ValueError("cache_block_tokens must be at least 1")
         if self.max_concurrency < 1:

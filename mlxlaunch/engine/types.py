@@ -138,6 +138,10 @@ class Admitted:
     cached_tokens: int
     max_tokens: int  # after clamping to the context window
     clamped: bool = False
+    # `cached_tokens` against what the prefix cache held of this prompt (engine/cache/misses.py):
+    # all of it, within a seam (prefix_hit), clearly less (partial), nothing (fresh); None: not
+    # judged (read `cached_tokens` alone).
+    cache_reuse: Literal["prefix_hit", "partial", "fresh"] | None = None
 
 
 @dataclass(frozen=True)
@@ -216,7 +220,7 @@ class MissReport:
     kind: str
     position: int  # first token index where the request and the nearest prompt differ
     request_tokens: int
-    nearest_tokens: int  # length of the nearest earlier prompt
+    nearest_tokens: int  # length of the nearest earlier sequence the cache held (prompt + output)
     cached_tokens: int  # what the request did reuse
     excerpt_before: str  # shared text just before the divergence
     excerpt_cached: str  # the earlier prompt's text from the divergence on

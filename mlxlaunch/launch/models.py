@@ -31,6 +31,21 @@ from mlxlaunch.testing import (
 if TYPE_CHECKING:
     from mlxlaunch.testing.demo import DemoReplies
 
+
+def test_model_sizes() -> list[str]:
+    """The sizes offline test models come in."""
+    from mlxlaunch.testing.builder import MODEL_SIZES
+
+    return list(MODEL_SIZES)
+
+
+def build_real_template_model(directory: Path, size: str, family: str) -> Path:
+    """A random-weight test model with a real model's chat template (benchmarks)."""
+    from mlxlaunch.testing.builder import build_real_template_model as build
+
+    return build(directory, size, family)
+
+
 __all__ = [
     "DEMO_MODEL",
     "ChosenModel",

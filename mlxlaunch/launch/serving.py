@@ -53,6 +53,7 @@ class EngineOptions:
     cache_dir: Path | None = None
     cache_disk: str = DEFAULT_CACHE_DISK
     tool_format: str | None = None
+    render: str = "stable"  # prompt rendering: "stable" or "exact" (EngineConfig.render)
 
     def config_arguments(self) -> dict[str, Any]:
         """EngineConfig keyword arguments for everything but the model and its logits hook.
@@ -64,6 +65,7 @@ class EngineOptions:
         return {
             "context_length": self.context_length,
             "tool_format": self.tool_format,
+            "render": self.render,
             **engine_tuning(
                 max_concurrency=self.max_concurrency,
                 idle_clear=self.idle_clear,

@@ -67,21 +67,36 @@ class EventPump:
                 await aclose()
 
 
-# Prefix-cache reuse, visible without parsing bodies (see PROTOCOL.md).
+# Prefix-cache reuse, visible without parsing bodies (see README, "What the server speaks").
 CACHED_TOKENS_HEADER = "x-cached-tokens"
 SESSION_CACHE_HEADER = "x-session-cache"
+CACHE_REUSED_HEADER = "x-cache-reused"
 TRAILERS_EXTENSION = "http.response.trailers"
 
 
 def cache_headers(event: EngineEvent | _End | None) -> dict[str, str]:
-    """X-Cached-Tokens and X-Session-Cache (fresh | prefix_hit) for an Admitted event.
+    """X-Cached-Tokens, X-Session-Cache (prefix_hit | partial | fresh) and X-Cache-Reused (the
+    reused fraction of the prompt, three decimals) for an Admitted event.
 
     The engine fixes a request's reused prefix at admission, so these are final values.
     """
-    if isinstance(event, Admitted):
-        hit = "prefix_hit" if event.cached_tokens > 0 else "fresh"
-        return {CACHED_TOKENS_HEADER: str(event.cached_tokens), SESSION_CACHE_HEADER: hit}
-    return {}
+    if not isinstance(event, Admitted):
+        return {}
+    reuse = event.cache_reuse or ("prefix_hit" if event.cached_tokens > 0 else "fresh")
+    return {
+        CACHED_TOKENS_HEADER: str(event.cached_tokens),
+        SESSION_CACHE_HEADER: reuse,
+        CACHE_REUSED_HEADER: reused_fraction(event.cached_tokens, event.prompt_tokens),
+    }
+
+
+def reused_fraction(cached_tokens: int, prompt_tokens: int) -> str:
+    """`cached / prompt` to three decimals, rounded down: a prompt always prefills at least
+    one token, so it never reads 1.000."""
+    if prompt_tokens <= 0:
+        return "0.000"
+    thousandths = min(1000, max(0, cached_tokens * 1000 // prompt_tokens))
+    return f"{thousandths // 1000}.{thousandths % 1000:03d}"
 
 
 class TrailingStreamingResponse(StreamingResponse):

@@ -77,6 +77,11 @@ LLAMA3_JSON = Dialect(
     mlx_lm_parser=False,
 )
 
+# A template's own JSON call syntax, learned by rendering a probe call through it
+# (`engine/runtime/learned_syntax.py`) for markup no table below knows; its markers are filled
+# in per model. Not a `--tool-format` choice.
+LEARNED_JSON = Dialect(name="template_json", arguments="json", mlx_lm_parser=False)
+
 # Every dialect by name (what `--tool-format` accepts).
 DIALECTS: dict[str, Dialect] = {
     d.name: d

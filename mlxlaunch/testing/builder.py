@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any, cast
 
@@ -15,7 +16,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.models import qwen3
 
-from mlxlaunch.testing.templates import TemplateFamily, template_family
+from mlxlaunch.testing.templates import TemplateFamily, real_template_family, template_family
 from mlxlaunch.testing.tokenizer import write_tokenizer
 
 CONTEXT_WINDOW = 40960
@@ -125,3 +126,22 @@ def build_model(
     mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
     (path / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     return path
+
+
+# Real chat templates shipped with the package (copies of fixtures), for benchmarks.
+REAL_TEMPLATES_DIR = ("templates", "real")
+
+
+def build_real_template_model(directory: Path, size: str, family: str) -> Path:
+    """A test model of `size` with the shipped real chat template of `family` (e.g.
+    "qwen3-0.6b") and its tokens, in `directory / "model"`; returns that directory."""
+    source = resources.files("mlxlaunch.testing").joinpath(*REAL_TEMPLATES_DIR)
+    # The facts file must lie next to the template: copied out, which also works when the
+    # package is imported from a zip.
+    template_dir = directory / "template"
+    template_dir.mkdir(parents=True, exist_ok=True)
+    for name in (f"{family}.jinja", f"{family}.tokens.json"):
+        (template_dir / name).write_bytes(source.joinpath(name).read_bytes())
+    model_dir = directory / "model"
+    build_model(model_dir, size, template=real_template_family(template_dir / f"{family}.jinja"))
+    return model_dir

@@ -97,6 +97,11 @@ class BlockTrie:
         _, length = self._walk(tokens)
         return length
 
+    def held(self, tokens: Sequence[int]) -> int:
+        """How many leading tokens of `tokens` a fetch can return (the same as match: any
+        prefix of a stored sequence can be cut out)."""
+        return self.match(tokens)
+
     def fetch(self, tokens: Sequence[int], length: int, room: int = 0) -> list[KVCache]:
         """Fresh per-layer caches holding exactly the first `length` tokens' KV, with space
         for `room` more (written in place by the batch that continues them).

@@ -7,9 +7,12 @@ whose caches cannot be cut at any position, as whole snapshots (`snapshots`); bo
 least-recently-used under one byte budget, so side requests (titles, subagents) only evict the
 main conversation when the budget is truly full.
 
-Prefixes that get reused are also written to disk (`disk`) while the engine is idle, and
-a new process restores the most recent ones when it loads the model, so the first turn of a new
-session does not pay the cold prefill of Claude Code's system prompt and tools again.
+Prefixes that get reused, and the prompt of a main request that found little to reuse (a
+session's first turn, cold), are also written to disk (`disk`) while the engine is idle, and a
+new process restores the most recent ones when it loads the model, so the first turn of a new
+session does not pay the cold prefill of Claude Code's system prompt and tools again: the
+trie reuses any prefix of a restored prompt, so the next session's first prompt, which shares
+the system prompt and tools and then differs in its user message, reuses all they share.
 
 Every method runs on the engine's MLX thread.
 """
@@ -27,7 +30,7 @@ import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxlaunch.engine.cache.blocks import DEFAULT_BLOCK_TOKENS, BlockTrie, is_block_cacheable
-from mlxlaunch.engine.cache.disk import DiskCache, model_identity
+from mlxlaunch.engine.cache.disk import DiskCache, EntryWriter, model_identity
 from mlxlaunch.engine.cache.misses import Decode, MissTracker
 from mlxlaunch.engine.cache.snapshots import SnapshotStore
 from mlxlaunch.engine.config import EngineConfig, default_cache_memory
@@ -67,6 +70,8 @@ class KVStore(Protocol):
     def blocks(self) -> int: ...
 
     def match(self, tokens: Sequence[int]) -> int: ...
+
+    def held(self, tokens: Sequence[int]) -> int: ...
 
     def fetch(self, tokens: Sequence[int], length: int, room: int = 0) -> list[Any]: ...
 
@@ -126,6 +131,7 @@ class PrefixCache:
                 log.warning("prefix cache: disk tier off (%s)", exc)
         self.misses = MissTracker(decode)
         self._pending_saves: list[tuple[int, ...]] = []
+        self._writer: EntryWriter | None = None  # the save under way (see save_step)
         self.lookups = 0
         self.hits = 0
 
@@ -152,6 +158,8 @@ class PrefixCache:
         if self.disk is not None:
             found = max(found, self._load_from_disk(tokens, ids, found, limit))
         self.misses.observe(ids, cached_tokens=found, request_id=request_id, kind=kind)
+        if kind == "main":
+            self._consider_saving_cold(tokens, ids, found)
         if found == 0:
             return CachePlan(0, None)
         caches = self.memory.fetch(tokens, found, room_for(len(tokens) - found))
@@ -198,29 +206,71 @@ class PrefixCache:
             return
         _, on_disk = self.disk.best(ids)
         if on_disk * 2 < len(prefix):
-            key = tuple(prefix)
-            if key not in self._pending_saves:
-                self._pending_saves.append(key)
+            self._queue_save(tuple(prefix))
+
+    def _consider_saving_cold(self, tokens: Sequence[int], ids: np.ndarray, found: int) -> None:
+        # A main request that reuses less than half its prompt is a session's cold start: its
+        # whole prompt is saved once it is answered (the saves wait for an idle worker), for
+        # the next process's first session to reuse what the two prompts share. Snapshots
+        # serve only prompts that continue all of one, never another session's: not saved.
+        if not self.exact and found * 2 < len(tokens):
+            self._consider_saving(tokens, ids)
+
+    def _queue_save(self, key: tuple[int, ...]) -> None:
+        for i, queued in enumerate(self._pending_saves):
+            if queued[: len(key)] == key:
+                return  # a queued longer one holds this one (any prefix of an entry is reused)
+            if key[: len(queued)] == queued:
+                self._pending_saves[i] = key
+                return
+        self._pending_saves.append(key)
 
     @property
     def saves_pending(self) -> bool:
-        """Whether prefixes are queued for the disk (see save_pending)."""
-        return bool(self._pending_saves) and self.disk is not None
+        """Whether prefixes are queued for the disk or being written (see save_step)."""
+        return self.disk is not None and (bool(self._pending_saves) or self._writer is not None)
+
+    def save_step(self) -> int:
+        """Write the next piece of the queued prefixes (call when idle: a step takes a few
+        milliseconds, see disk.SAVE_STEP_BYTES); returns how many entries it completed."""
+        writer = self._writer or self._next_writer()
+        if writer is None:
+            return 0
+        self._writer = writer
+        if not writer.step():
+            return 0
+        self._writer = None
+        return int(writer.entry is not None)
 
     def save_pending(self) -> int:
-        """Write queued prefixes to disk (call when idle); returns how many were written."""
+        """Write everything queued now (at shutdown or unload, when no request can wait);
+        returns how many entries were written."""
         written = 0
+        while self.saves_pending:
+            written += self.save_step()
+        return written
+
+    def _next_writer(self) -> EntryWriter | None:
         while self._pending_saves and self.disk is not None:
             tokens = self._pending_saves.pop(0)
-            if self.memory.match(tokens) < len(tokens):
-                continue  # evicted meanwhile
+            # What memory still holds of it: all, unless evicted meanwhile or cancelled
+            # before its prefill got there.
+            held = self.memory.held(tokens)
+            if held < MIN_DISK_TOKENS:
+                continue
+            tokens = tokens[:held]
+            _, on_disk = self.disk.best(tokens)
+            if on_disk * 2 >= held:
+                continue  # most of it was saved since it was queued
             try:
-                caches = self.memory.fetch(tokens, len(tokens))
-                if self.disk.save(tokens, caches) is not None:
-                    written += 1
+                writer = self.disk.begin(tokens, self.memory.fetch(tokens, held))
             except Exception:
                 log.exception("prefix cache: could not save a prefix")
-        return written
+                continue
+            if writer is not None:
+                log.debug("prefix cache: saving %d tokens", held)
+                return writer
+        return None
 
     def restore(self) -> int:
         """Load this model's most recently used disk entries into memory (warm start)."""

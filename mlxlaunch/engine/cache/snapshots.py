@@ -61,6 +61,16 @@ class SnapshotStore:
         best = self._best(tokens)
         return len(best.tokens) if best is not None else 0
 
+    def held(self, tokens: Sequence[int]) -> int:
+        """Length of the longest snapshot that is `tokens` or a prefix of it: what a fetch
+        of `tokens` itself can return (match, for a request, leaves one token to run)."""
+        lengths = [
+            len(s.tokens)
+            for s in self._snapshots
+            if len(s.tokens) <= len(tokens) and tuple(tokens[: len(s.tokens)]) == s.tokens
+        ]
+        return max(lengths, default=0)
+
     def fetch(self, tokens: Sequence[int], length: int, room: int = 0) -> list[Any]:
         """A private copy of the snapshot of exactly `length` tokens that `tokens` continues
         (`room` is ignored: these caches grow as mlx-lm's own do)."""

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mlxlaunch.engine.output.json_readers import json_span_reader
+from mlxlaunch.engine.output.json_readers import json_span_reader, json_value_calls
 from mlxlaunch.engine.output.param_readers import param_span_reader
-from mlxlaunch.engine.output.spans import SpanReaderFactory
+from mlxlaunch.engine.output.spans import BufferedReader, SpanReaderFactory
 from mlxlaunch.engine.types import ToolSpec
-from mlxlaunch.store.dialects import Dialect
+from mlxlaunch.store.dialects import LEARNED_JSON, Dialect
 
 
 def span_reader_for(dialect: Dialect, tools: Sequence[ToolSpec]) -> SpanReaderFactory | None:
     """The streaming reader for `dialect`'s spans, or None (use mlx-lm's parser)."""
+    if dialect.name == LEARNED_JSON.name:  # a template's own markup: JSON calls, read whole
+        return lambda: BufferedReader(json_value_calls)
     if dialect.arguments == "json":
         return json_span_reader(dialect.name)
     if dialect.arguments == "params":

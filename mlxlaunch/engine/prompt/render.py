@@ -5,21 +5,31 @@ faithfully (`template_behaviour` probes it once, `conversation` rewrites), and t
 definitions the template would ignore go into the system prompt (`tool_definitions`).
 
 Rendering is deterministic: the same request always gives the same tokens (what the prefix
-cache relies on), so nothing here iterates sets or adds per-call data.
+cache relies on), so nothing here iterates sets or adds per-call data. In the default "stable"
+render mode, a template that re-renders a conversation's past differently as it grows is kept
+from doing so (`stable`), and a template that prints today's date prints a pinned one
+(`render_date`); "exact" renders what the template renders.
 """
 
 from __future__ import annotations
 
+import datetime
+import hashlib
+import json
 import logging
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from mlxlaunch.engine.config import RENDER_MODES, RenderMode
 from mlxlaunch.engine.prompt.conversation import adapt_conversation
 from mlxlaunch.engine.prompt.incremental import IncrementalTokenizer
+from mlxlaunch.engine.prompt.render_date import clock_arguments
+from mlxlaunch.engine.prompt.stable import StableRenderer
 from mlxlaunch.engine.prompt.template_behaviour import TemplateBehaviour, probe_template
 from mlxlaunch.engine.prompt.template_shape import message_to_template, tool_to_template
 from mlxlaunch.engine.prompt.tool_definitions import tool_section, with_tool_section
@@ -27,7 +37,9 @@ from mlxlaunch.engine.types import ChatMessage, GenerationRequest
 from mlxlaunch.store.dialects import Dialect, detect_dialect
 
 __all__ = [
+    "RENDER_MODES",
     "PromptRenderer",
+    "RenderMode",
     "RenderedPrompt",
     "ends_inside_span",
     "message_to_template",
@@ -67,9 +79,17 @@ class PromptRenderer:
         tokenizer: TokenizerWrapper,
         lock: threading.Lock | None = None,
         dialect: Dialect | None = None,
+        *,
+        render_mode: RenderMode = "stable",
+        pinned_date: datetime.date | None = None,
     ) -> None:
         """`dialect`: the model's tool-call dialect (its id style decides the form of call
-        ids); None: detected from the chat template and vocabulary on first use."""
+        ids); None: detected from the chat template and vocabulary on first use.
+        `render_mode`: "stable" (each prompt extends the previous one, see `stable`) or
+        "exact" (the template's own output). `pinned_date`: the date a template that prints
+        today's date prints in stable mode (None: today's, at construction)."""
+        if render_mode not in RENDER_MODES:
+            raise ValueError(f"render mode must be one of {', '.join(RENDER_MODES)}")
         self.tokenizer = tokenizer
         self.lock = lock or threading.Lock()
         self.dialect = dialect
@@ -79,6 +99,12 @@ class PromptRenderer:
         self._probed_template: object = None  # the template `_behaviour` was probed on
         self._warned_tools = False
         self._warned_text = False
+        self.render_mode: RenderMode = render_mode
+        self.pinned_date = pinned_date or datetime.date.today()
+        self.stable = StableRenderer()
+        self._clock: dict[str, Any] | None = None  # template arguments pinning the date
+        self._clock_template: object = None  # the template `_clock` was probed on
+        self._context = ""  # a digest of the template and `_clock`, for the stable memo
 
     @property
     def behaviour(self) -> TemplateBehaviour:
@@ -93,22 +119,69 @@ class PromptRenderer:
             log.debug("chat template behaviour: %s", self._behaviour)
         return self._behaviour
 
-    def render_text(self, request: GenerationRequest) -> str:
-        """The prompt text: conversation adapted to the template, chat template applied,
-        generation prompt added."""
-        tools = [tool_to_template(t) for t in request.tools] or None
-        with self.lock:
-            behaviour = self.behaviour  # may probe the template
-            messages = self._messages(request, behaviour)
-            shaped = [message_to_template(m, behaviour.reasoning_field) for m in messages]
-            text = self.tokenizer.apply_chat_template(
-                shaped,
-                tools=tools,
-                add_generation_prompt=True,
-                enable_thinking=request.thinking,
-                tokenize=False,
+    @property
+    def clock_arguments(self) -> dict[str, Any]:
+        """Template arguments that pin the date the template prints in stable mode ({} where
+        it prints none; probed on first use; hold `lock`)."""
+        template = getattr(self.tokenizer, "chat_template", None)
+        if self._clock is None or template != self._clock_template:
+            self._clock = clock_arguments(
+                template, self._call, self.pinned_date, datetime.date.today()
             )
-        return str(text)
+            self._clock_template = template
+            self._context = hashlib.blake2b(
+                json.dumps([template, sorted(self._clock)], default=str).encode()
+            ).hexdigest()
+        return self._clock
+
+    def render_text(self, request: GenerationRequest) -> str:
+        """The prompt text: conversation adapted to the template, chat template applied
+        (cache-stably in "stable" mode), generation prompt added."""
+        with self.lock:
+            shaped, tools = self.template_messages(request)
+            if self.render_mode == "exact":
+                return self._template(shaped, tools, True, request.thinking)
+            clock = self.clock_arguments
+            render = partial(self._template, thinking=request.thinking, arguments=clock)
+            # The memo's key: everything a render depends on beyond messages and tools.
+            context = f"{self._context}/{request.thinking}/{self.pinned_date.isoformat()}"
+            return self.stable.render(shaped, tools, render, context)
+
+    def template_messages(
+        self, request: GenerationRequest
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+        """The conversation and tools as the chat template receives them: adapted to what it
+        renders faithfully, in its dict shape (hold `lock`: may probe the template)."""
+        behaviour = self.behaviour
+        messages = self._messages(request, behaviour)
+        shaped = [message_to_template(m, behaviour.reasoning_field) for m in messages]
+        return shaped, [tool_to_template(t) for t in request.tools] or None
+
+    def _template(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        generation: bool,
+        thinking: bool,
+        arguments: dict[str, Any] | None = None,
+    ) -> str:
+        return str(
+            self.tokenizer.apply_chat_template(
+                messages,
+                tools=tools,
+                add_generation_prompt=generation,
+                enable_thinking=thinking,
+                tokenize=False,
+                **(arguments or {}),
+            )
+        )
+
+    def _call(self, messages: list[dict[str, Any]], arguments: dict[str, Any]) -> str:
+        return str(
+            self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=False, **arguments
+            )
+        )
 
     def _messages(
         self, request: GenerationRequest, behaviour: TemplateBehaviour

@@ -9,6 +9,7 @@ Runs on the engine worker thread (it creates MLX arrays). Names are resolved bef
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,10 +21,11 @@ from mlx_lm import load as mlx_lm_load
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from mlxlaunch.engine.config import EngineConfig
+from mlxlaunch.engine.runtime.learned_syntax import learn_json_call_syntax
 from mlxlaunch.engine.settings import context_window_of
 from mlxlaunch.engine.types import ModelInfo
 from mlxlaunch.errors import ModelLoadError, ModelNotFound
-from mlxlaunch.store.dialects import Dialect, detect_dialect, dialect_named
+from mlxlaunch.store.dialects import LEARNED_JSON, Dialect, detect_dialect, dialect_named
 from mlxlaunch.store.generation_config import read_sampling_defaults
 
 ToolParser = Callable[[str, Any], Any]
@@ -60,6 +62,31 @@ def _mlx_lm_format(tokenizer: TokenizerWrapper) -> str | None:
     return str(module.__name__.rsplit(".", 1)[-1])
 
 
+def _learned_dialect(tokenizer: TokenizerWrapper, known: Dialect | None) -> Dialect | None:
+    """A JSON call syntax learned from the template, for markup no table knows (keeping any
+    think markers the table found); None when the template shows none."""
+
+    def render(messages: list[dict[str, Any]], tools: Any, generation: bool) -> str:
+        text = tokenizer.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=generation, tokenize=False
+        )
+        return str(text)
+
+    if "tool_calls" not in str(tokenizer.chat_template or ""):
+        return None
+    learned = learn_json_call_syntax(render)
+    if learned is None:
+        return None
+    return dataclasses.replace(
+        LEARNED_JSON,
+        tool_call_start=learned.start or None,
+        tool_call_end=learned.end,
+        leading_call=None if learned.start else learned.leading,
+        think_start=known.think_start if known is not None else None,
+        think_end=known.think_end if known is not None else None,
+    )
+
+
 @dataclass(frozen=True)
 class ToolSyntax:
     """How the loaded model's tool calls are found and read."""
@@ -82,6 +109,9 @@ def tool_syntax(tokenizer: TokenizerWrapper, tool_format: str | None) -> ToolSyn
         else detect_dialect(tokenizer.chat_template, tokenizer.get_vocab())
     )
     if dialect is None or dialect.name == "none":
+        learned = None if tool_format else _learned_dialect(tokenizer, dialect)
+        if learned is not None:
+            return ToolSyntax(learned, learned.tool_call_start, learned.tool_call_end, None)
         return ToolSyntax(dialect, None, None, None)
     if not dialect.mlx_lm_parser:
         return ToolSyntax(dialect, dialect.tool_call_start, dialect.tool_call_end, None)

@@ -20,12 +20,14 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 
+from mlxlaunch.engine.cache.misses import CacheReuse
 from mlxlaunch.engine.cache.prefix import PrefixCache, cache_settings
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.decoding.grammar import forget_tokenizer
 from mlxlaunch.engine.decoding.sampling import penalty_processors, resolve_sampling, sampler_for
 from mlxlaunch.engine.output.parser_config import output_parser, parser_config
 from mlxlaunch.engine.prompt.render import PromptRenderer
+from mlxlaunch.engine.prompt.render_date import pinned_render_date
 from mlxlaunch.engine.runtime import cpu_attention, freed_memory
 from mlxlaunch.engine.runtime.loader import LoadedModel, load_model
 from mlxlaunch.engine.runtime.memory import MemoryBudget, apply_memory_limits, kv_bytes_per_token
@@ -49,9 +51,10 @@ from mlxlaunch.engine.types import (
 
 Command = Callable[[], None]
 
-# Prefixes are written to disk only after this long (seconds) without requests: a write takes
-# tens of ms, and Claude Code's next turn often arrives within a second of the last answer
-# (a quick tool call), where it would wait for the write.
+# Prefixes are written to disk only after this long (seconds) without requests, a step of a
+# few ms per loop (see cache/disk.py): Claude Code's next turn often arrives within a second
+# of the last answer (a quick tool call), and the batch's memory traffic should not share
+# the machine with the write. A request that arrives during a save waits one step.
 SAVE_AFTER_IDLE_S = 1.0
 # How often (seconds) the worker refreshes the memory figures in stats.
 MEMORY_POLL_S = 1.0
@@ -136,6 +139,7 @@ class Worker:
         if not done.set_running_or_notify_cancel():
             return
         self._abandon_all(EngineUnavailable("the model was unloaded"))
+        self._save_prefixes(one_step=False)  # the prefixes queued for disk, while they exist
         self._close_generator()
         if self.loaded is not None:  # the grammar cache would keep the tokenizer alive
             forget_tokenizer(self.loaded.tokenizer)
@@ -162,7 +166,7 @@ class Worker:
         except Exception as exc:
             self._end_with_error(job, EngineUnavailable(f"the model could not be loaded: {exc}"))
             return
-        job.cached_tokens = self._cached_prefix(job)
+        job.cached_tokens, reuse = self._cached_prefix(job)
         self._by_request_id[job.request_id] = job
         self.stats.count(requests_admitted=1)
         self._waiting.append(job)
@@ -175,6 +179,7 @@ class Worker:
                     cached_tokens=job.cached_tokens,
                     max_tokens=job.max_tokens,
                     clamped=job.clamped,
+                    cache_reuse=reuse,
                 )
             ]
         )
@@ -210,7 +215,7 @@ class Worker:
                 self._idle_since = self.config.clock()
                 self._end_measure()  # count the last window before waiting for work
             if idle and self._idle_for() >= SAVE_AFTER_IDLE_S:
-                self._save_prefixes()
+                self._save_prefixes(one_step=True)
             self._drain(block=idle)
             if self._stopping:
                 break
@@ -222,7 +227,7 @@ class Worker:
             self._poll_memory()
         self._drain(block=False)  # commands posted before stop(): they see `_stopping`
         self._abandon_all(EngineUnavailable("the engine is shutting down"))
-        self._save_prefixes()
+        self._save_prefixes(one_step=False)
         self._close_generator()
         self.loaded = None
 
@@ -235,7 +240,8 @@ class Worker:
         # pending prefix saves fall due.
         timeout = self.config.sweep_poll_s if self._sweeper is not None else None
         if block and self._prefix is not None and self._prefix.saves_pending:
-            due = max(0.0, SAVE_AFTER_IDLE_S - self._idle_for()) + 0.01
+            wait = SAVE_AFTER_IDLE_S - self._idle_for()
+            due = wait + 0.01 if wait > 0 else 0.0  # under way: only look for commands
             timeout = due if timeout is None else min(timeout, due)
         try:
             command = self._commands.get(timeout=timeout) if block else self._commands.get_nowait()
@@ -492,8 +498,14 @@ class Worker:
         cpu_attention.install(loaded.base_model)  # the CPU backend's, before the model runs
         self._memory = self._memory_budget(loaded)
         self._prefix = self._make_prefix_cache(loaded)
+        disk = self._prefix.disk if self._prefix is not None else None
         self.renderer = PromptRenderer(
-            loaded.tokenizer, self.tokenizer_lock, dialect=loaded.info.dialect
+            loaded.tokenizer,
+            self.tokenizer_lock,
+            dialect=loaded.info.dialect,
+            render_mode=self.config.render,
+            # The date a template prints lives as long as the saved prefixes that hold it.
+            pinned_date=pinned_render_date(disk.dir if disk is not None else None),
         )
         restored = self._prefix.restored_prompts() if self._prefix is not None else []
         self.renderer.warm(restored)  # the first prompt that continues one: incremental
@@ -572,17 +584,18 @@ class Worker:
             processors += list(hook(job.request, self._require_loaded().tokenizer) or [])
         return processors
 
-    def _cached_prefix(self, job: Job) -> int:
-        """Prompt tokens already held in a reusable KV cache; the cache is set aside for the
-        job now, so what Admitted reports is exactly what its prefill starts from."""
+    def _cached_prefix(self, job: Job) -> tuple[int, CacheReuse]:
+        """Prompt tokens already held in a reusable KV cache, and how that compares with what
+        the cache held of the prompt; the cache is set aside for the job now, so what Admitted
+        reports is exactly what its prefill starts from."""
         prefix = self._prefix
         if prefix is None:
-            return 0
+            return 0, "fresh"
         plan = prefix.plan(job.prompt, request_id=job.request_id, kind=job.request.kind)
         if plan.caches is not None:
             self._planned[job] = plan.caches
         self._publish_cache_figures()
-        return plan.cached_tokens
+        return plan.cached_tokens, prefix.misses.reuse_of(job.request_id, plan.cached_tokens)
 
     def _prompt_cache_for(self, job: Job) -> list[Any]:
         """The KV cache the job's prefill continues from (a private copy: the batch may
@@ -601,6 +614,7 @@ class Worker:
         for held, tokens in caches.values():
             if held and tokens:
                 prefix.retain(list(tokens), held, main=main)
+                prefix.misses.held(tokens)  # what the next turn is judged against
         self._publish_cache_figures()
 
     def _snapshot_prompt(self, job: Job) -> None:
@@ -626,8 +640,9 @@ class Worker:
         self._publish_cache_figures(prefix)
         return prefix
 
-    def _save_prefixes(self) -> None:
-        if self._prefix is not None and self._prefix.save_pending():
+    def _save_prefixes(self, *, one_step: bool) -> None:
+        prefix = self._prefix
+        if prefix is not None and (prefix.save_step() if one_step else prefix.save_pending()):
             self._publish_cache_figures()
 
     def _publish_cache_figures(self, prefix: PrefixCache | None = None) -> None:
