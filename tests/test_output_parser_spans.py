@@ -154,3 +154,19 @@ def test_a_repeated_model_id_gets_a_fresh_client_id() -> None:
     events, _ = run(config, ["<call>A:{}</call><call>B:{}</call>"])
     ids = [e.id for e in events if isinstance(e, ToolCallEvent)]
     assert len(ids) == 2 and len(set(ids)) == 2
+
+
+def test_a_name_that_differs_only_in_case_is_the_declared_tool() -> None:
+    """Robustness II, item 11: `bash` written for a client whose tool is `Bash`."""
+    from mlxlaunch.engine.output.parser import declared_name
+    from mlxlaunch.engine.types import ToolSpec
+
+    tools = [ToolSpec("Bash", "", {}), ToolSpec("Read", "", {})]
+    config = ParserConfig(
+        tool_call_start="<call>", tool_call_end="</call>", span_reader=NameColonJson, tools=tools
+    )
+    events, _ = run(config, ["<call>bash:{}</call>"])
+    assert [e.name for e in events if isinstance(e, ToolCallEvent)] == ["Bash"]
+    assert declared_name("Unknown", tools) == "Unknown"  # still emitted: the client says why
+    ambiguous = [ToolSpec("bash", "", {}), ToolSpec("BASH", "", {})]
+    assert declared_name("Bash", ambiguous) == "Bash"

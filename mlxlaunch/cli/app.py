@@ -82,4 +82,8 @@ def root(
 ) -> None:
     """mlxlaunch: local models for Claude Code, through MLX."""
     if debug:
+        from mlxlaunch.launch.server_log import LOG_FORMAT, PlainTextFormatter
+
         logging.basicConfig(level=logging.DEBUG)
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(PlainTextFormatter(LOG_FORMAT))

@@ -22,6 +22,22 @@ from mlxlaunch.launch.state import logs_dir
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 REQUEST_LOG_FORMAT = "%(asctime)s %(message)s"
+# Control characters (C0, DEL, C1) and line breaks in a message: shown escaped.
+_CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), *range(0x7F, 0xA0)]}
+_CONTROL.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"})
+
+
+class PlainTextFormatter(logging.Formatter):
+    """A formatter whose messages cannot drive the terminal or forge log lines.
+
+    Log messages quote what clients sent (a model name, a refused field's value, a path); an
+    escape sequence there would reach the operator's terminal, a line break would start a
+    line that looks like the server's own. Tracebacks, added after the message, stay as
+    they are."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = record.message.translate(_CONTROL)
+        return super().formatMessage(record)
 
 
 def new_log_path(home: Path | None = None, pid: int | None = None) -> Path:
@@ -40,7 +56,7 @@ def logging_to(path: Path, level: int = logging.INFO) -> Iterator[None]:
     """Send all Python logging (and warnings) to `path` instead of the terminal."""
     root = logging.getLogger()
     handler = logging.FileHandler(path, encoding="utf-8")
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    handler.setFormatter(PlainTextFormatter(LOG_FORMAT))
     previous_handlers, previous_level = root.handlers[:], root.level
     root.handlers = [handler]
     root.setLevel(min(level, previous_level or level))  # keep --debug's lower level
@@ -83,5 +99,5 @@ def log_requests_to_terminal() -> None:
         server_log.setLevel(logging.INFO)
     if not logging.getLogger().handlers and not server_log.handlers:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter(REQUEST_LOG_FORMAT, datefmt="%H:%M:%S"))
+        handler.setFormatter(PlainTextFormatter(REQUEST_LOG_FORMAT, datefmt="%H:%M:%S"))
         server_log.addHandler(handler)

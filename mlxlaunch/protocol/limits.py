@@ -70,7 +70,8 @@ def load_request_json(raw: bytes, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
     """Parse a request body, refusing nesting deeper than `max_depth`.
 
     Raises json.JSONDecodeError / UnicodeDecodeError for bad JSON and RequestLimitError for
-    too-deep input (including input so deep that the parser itself gives up).
+    too-deep input (including input so deep that the parser itself gives up) and for values
+    Python will not convert (an integer literal over `sys.get_int_max_str_digits()` digits).
     """
     try:
         value = json.loads(raw)
@@ -78,6 +79,10 @@ def load_request_json(raw: bytes, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
         raise RequestLimitError(
             f"request body is nested too deeply (more than {max_depth} levels)"
         ) from exc
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise
+    except ValueError as exc:  # valid JSON Python refuses to hold: a 4,300+ digit integer
+        raise RequestLimitError(f"request body holds a value out of range: {exc}") from exc
     depth = json_depth(value, stop_after=max_depth)
     if depth > max_depth:
         raise RequestLimitError(f"request body is nested too deeply (more than {max_depth} levels)")

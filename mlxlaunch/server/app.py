@@ -46,6 +46,7 @@ from mlxlaunch.server.blocks import TIMINGS_HEADER, ContentBlockStream, new_mess
 from mlxlaunch.server.errors import ApiError, engine_error, error_response
 from mlxlaunch.server.guards import HttpLimits, RequestGuard
 from mlxlaunch.server.mapping import shows_thinking, to_generation_request
+from mlxlaunch.server.request_ids import RequestIds
 from mlxlaunch.server.stats_routes import stats_routes
 from mlxlaunch.server.streaming import (
     CACHED_TOKENS_HEADER,
@@ -338,11 +339,14 @@ class RequestLog:
         self.model = model
         self.started = started
         self.done: Done | None = None
+        self.admitted: Admitted | None = None  # the prompt's figures, if no Done comes
         self.first_output: float | None = None
         self._logged = False
 
     def observe(self, event: EngineEvent) -> None:
-        if isinstance(event, Done):
+        if isinstance(event, Admitted):
+            self.admitted = event
+        elif isinstance(event, Done):
             self.done = event
         elif self.first_output is None and isinstance(event, OUTPUT_EVENTS):
             self.first_output = time.monotonic()
@@ -354,12 +358,16 @@ class RequestLog:
         usage = self.done.usage if self.done else None
         timings = self.done.timings if self.done else None
         ttft = timings.ttft_s if timings and timings.ttft_s else self._ttft()
+        # A request cut short (cancelled, failed) has no Done: its admission has the prompt.
+        admitted = self.admitted
+        prompt = usage.prompt_tokens if usage else (admitted.prompt_tokens if admitted else 0)
+        cached = usage.cached_tokens if usage else (admitted.cached_tokens if admitted else 0)
         log.info(
             "%s model=%s prompt=%d cached=%d output=%d ttft=%.2fs tok/s=%.1f status=%d",
             self.request_id,
             self.model,
-            usage.prompt_tokens if usage else 0,
-            usage.cached_tokens if usage else 0,
+            prompt,
+            cached,
             usage.output_tokens if usage else 0,
             ttft,
             timings.decode_tps if timings else 0.0,
@@ -451,6 +459,7 @@ def build_app(engine: ServingEngine, settings: ServerSettings | None = None) -> 
         allowed_origins=settings.allowed_origins,
         limits=settings.limits,
     )
-    app = Starlette(routes=routes, exception_handlers=handlers, middleware=[guard])
+    ids = Middleware(RequestIds)  # outermost: the guard's refusals carry one too
+    app = Starlette(routes=routes, exception_handlers=handlers, middleware=[ids, guard])
     app.state.api = api
     return app

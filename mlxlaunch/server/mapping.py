@@ -145,11 +145,13 @@ def conversation(turns: Iterable[InputMessage]) -> list[ChatMessage]:
     """
     calls = _OpenCalls()
     out: list[ChatMessage] = []
+    answered_by_user = False  # a user turn followed the latest assistant turn
     for turn in turns:
         if turn.role == "assistant":
             calls.check_all_answered()
             message = _assistant_message(turn)
             calls.open(message.tool_calls)
+            answered_by_user = False
             out.append(message)
         elif turn.role == "system":
             text = BLOCK_SEPARATOR.join(b.text for b in turn.content if isinstance(b, TextBlock))
@@ -159,6 +161,9 @@ def conversation(turns: Iterable[InputMessage]) -> list[ChatMessage]:
                 out.append(ChatMessage(role="system", content=text))
         else:
             out.extend(_user_messages(turn, calls))
+            answered_by_user = True
+    if answered_by_user:  # the final user turn must answer the calls before it, too
+        calls.check_all_answered()
     return out
 
 

@@ -103,8 +103,11 @@ def lark_literal(text: str) -> str:
 
 def json_rule(schema: dict[str, Any]) -> str:
     """A lark `%json` body for `schema`, with the compact, model-style JSON options."""
+    options = schema.get("x-guidance", {})
+    if not isinstance(options, dict):  # the client's mistake: a 400 (plan turns ValueError)
+        raise ValueError("a schema's x-guidance must be an object")
     merged = dict(schema)
-    merged["x-guidance"] = {**JSON_OPTIONS, **schema.get("x-guidance", {})}
+    merged["x-guidance"] = {**JSON_OPTIONS, **options}
     return "%json " + json.dumps(merged)
 
 
@@ -211,6 +214,8 @@ class JsonConstraint(GrammarConstraint):
         """
         if not isinstance(schema, dict):
             raise InvalidRequest("a JSON schema must be an object")
+        if not isinstance(schema.get("x-guidance", {}), dict):
+            raise InvalidRequest("a JSON schema's x-guidance must be an object")
         if think_end is None:
             try:
                 grammar = llguidance.LLMatcher.grammar_from_json_schema(

@@ -145,7 +145,8 @@ def parameters(schema: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], list[
     declared = schema.get("properties")
     props = {k: as_schema(v) for k, v in declared.items()} if isinstance(declared, dict) else {}
     listed = schema.get("required")
-    required = [p for p in dict.fromkeys(listed) if p in props] if isinstance(listed, list) else []
+    names = [p for p in listed if isinstance(p, str)] if isinstance(listed, list) else []
+    required = [p for p in dict.fromkeys(names) if p in props]
     return props, required
 
 

@@ -49,7 +49,7 @@ from enum import Enum
 
 from mlxlaunch.engine.output.json_stream import JsonObjectStream
 from mlxlaunch.engine.output.markers import MarkerKind, MarkerMatch, MarkerSet
-from mlxlaunch.engine.output.parser import ParserConfig, TextRun
+from mlxlaunch.engine.output.parser import ParserConfig, TextRun, declared_name
 from mlxlaunch.engine.tool_ids import client_tool_id
 from mlxlaunch.engine.types import (
     TextDelta,
@@ -341,7 +341,8 @@ class HarmonyParser:
                     _Body.TEXT, push_back=words + " " if words else "", keep_indent=False
                 )
             else:
-                self._call_name = (header.recipient or "")[len(FUNCTIONS) :]
+                written = (header.recipient or "")[len(FUNCTIONS) :]
+                self._call_name = declared_name(written, self.config.tools)
                 self._open_body(self._body_for(header))
             return
         # Cut short by <|start|> or a message end: markup, dropped, if it reads as a header

@@ -26,7 +26,8 @@ Policies the server relies on (see also `OutputParser`):
   when the family has an explicit end marker; families without one (mistral: `tool_call_end=""`)
   run to the end of the output and are parsed at `finish`.
 - Tool names are not checked against `config.tools`: an unknown name is still emitted, and the
-  client (Claude Code) answers it with a tool error the model can read and correct.
+  client (Claude Code) answers it with a tool error the model can read and correct. A name that
+  differs from one declared tool only in case (`bash` for `Bash`) is that tool's name.
 - Whitespace: each text run (at the start, after thinking, after a tool call) loses its leading
   blank lines (indentation of its first line is kept) and its trailing whitespace; text that is
   only whitespace produces nothing. Thinking runs are stripped on both ends. Text right before a
@@ -329,7 +330,7 @@ class OutputParser:
                 if call_id in self._ids_used:  # a model repeating an id: keep ids unique
                     call_id = client_tool_id(None)
                 self._ids_used.add(call_id)
-                self._call = ToolCallStart(call_id, piece.name)
+                self._call = ToolCallStart(call_id, declared_name(piece.name, self.config.tools))
                 self._announced = False
                 self._call_sent = []
             elif isinstance(piece, CallArgs):
@@ -401,6 +402,14 @@ def flag_incomplete(arguments: str) -> str:
     body = body[:-1]
     separator = "" if body.rstrip().endswith("{") else ", "
     return f"{body}{separator}{json.dumps(INCOMPLETE_KEY)}: {json.dumps(INCOMPLETE_NOTE)}}}"
+
+
+def declared_name(name: str, tools: list[ToolSpec]) -> str:
+    """`name` as the request declared it: exact, else the one tool it matches ignoring case."""
+    if not tools or any(tool.name == name for tool in tools):
+        return name
+    folded = [tool.name for tool in tools if tool.name.casefold() == name.casefold()]
+    return folded[0] if len(folded) == 1 else name
 
 
 def _reader_factory(config: ParserConfig) -> SpanReaderFactory | None:
