@@ -178,11 +178,13 @@ class DiskCache:
         key = path.stem
         try:
             meta = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(meta, dict):  # `[]`, `null`, a number: not an entry of ours
+                raise ValueError("metadata is not an object")
             data = self.dir / f"{key}{DATA_SUFFIX}"
             valid = (
                 meta.get("format") == FORMAT
                 and meta.get("model") == self.identity
-                and isinstance(meta.get("tokens"), list)
+                and _token_list(meta.get("tokens"))
                 and tokens_key(meta["tokens"]) == key
                 and data.is_file()
                 and data.stat().st_size == meta.get("bytes")
@@ -192,8 +194,8 @@ class DiskCache:
                 return DiskEntry(
                     key, tokens, int(meta["bytes"]), str(meta["sha256"]), path.stat().st_mtime
                 )
-        except (OSError, ValueError, TypeError, KeyError):
-            pass
+        except (OSError, ValueError, TypeError, KeyError, OverflowError):
+            pass  # whatever is wrong with it, it is not an entry: never a reason not to start
         self._remove(key)
         return None
 
@@ -460,3 +462,9 @@ def safetensors_header(arrays: dict[str, mx.array], metadata: dict[str, str]) ->
     text = json.dumps(described, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as the format advises
     return struct.pack("<Q", len(text)) + text
+
+
+def _token_list(value: object) -> bool:
+    """Whether `value` is a list of token ids (ints in int64 range; not floats such as 1e400,
+    not booleans)."""
+    return isinstance(value, list) and all(type(t) is int and 0 <= t < 2**63 for t in value)
