@@ -17,7 +17,7 @@ _mlx_node() {
         "dash") children="" flags="--debug -h --help" models="" paths="" texts="--url --token --retry" arg="" ;;
         "doctor") children="" flags="--json --debug -h --help" models="" paths="" texts="--claude-bin" arg="" ;;
         "launch") children="claude" flags="--debug -h --help" models="" paths="" texts="" arg="" ;;
-        "launch claude") children="" flags="--preload --install-claude --yes -y --verbose -v --print-env --debug -h --help" models="--model -m" paths="--cache-dir" texts="--small-model --port --context-length --max-output-tokens --keep-alive --max-concurrency --idle-clear --memory-fraction --cache-memory --cache-disk --tool-format --render --claude-bin --env -e --url --token" arg="text" ;;
+        "launch claude") children="" flags="--debug-cache --safeguards --no-safeguards --preload --install-claude --yes -y --verbose -v --print-env --debug -h --help" models="--model -m" paths="--cache-dir" texts="--small-model --port --context-length --max-output-tokens --keep-alive --max-concurrency --idle-clear --memory-fraction --cache-memory --cache-disk --tool-format --render --claude-bin --env -e --url --token" arg="text" ;;
         "models") children="add catalog info list pull recommend rm" flags="--debug -h --help" models="" paths="" texts="" arg="" ;;
         "models add") children="" flags="--debug -h --help" models="" paths="" texts="--name" arg="path" ;;
         "models catalog") children="" flags="--json --debug -h --help" models="" paths="" texts="" arg="" ;;
@@ -27,7 +27,7 @@ _mlx_node() {
         "models recommend") children="" flags="--json --debug -h --help" models="" paths="" texts="--memory --kind" arg="" ;;
         "models rm") children="" flags="--yes -y --debug -h --help" models="" paths="" texts="" arg="model" ;;
         "ps") children="" flags="--json --debug -h --help" models="" paths="" texts="" arg="" ;;
-        "serve") children="" flags="--preload --no-preload --allow-remote --no-auth --debug -h --help" models="--model -m" paths="--cache-dir" texts="--host --port --auth-token --context-length --max-concurrency --idle-clear --keep-alive --memory-fraction --cache-memory --cache-disk --tool-format --render --allow-origin" arg="" ;;
+        "serve") children="" flags="--debug-cache --safeguards --no-safeguards --preload --no-preload --allow-remote --no-auth --debug -h --help" models="--model -m" paths="--cache-dir" texts="--host --port --auth-token --context-length --max-concurrency --idle-clear --keep-alive --memory-fraction --cache-memory --cache-disk --tool-format --render --allow-origin" arg="" ;;
         "stop") children="" flags="--all --debug -h --help" models="" paths="" texts="--timeout" arg="text" ;;
         *) children="" flags="" models="" paths="" texts="" arg="" ;;
     esac

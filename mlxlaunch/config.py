@@ -21,6 +21,7 @@ import platformdirs
 
 from mlxlaunch.engine.settings import parse_duration
 from mlxlaunch.errors import ConfigError
+from mlxlaunch.home import private_dir
 
 CONFIG_DIR_ENV = "MLXLAUNCH_CONFIG_DIR"
 CONFIG_FILENAME = "config.toml"
@@ -180,7 +181,7 @@ def _toml_value(value: Any) -> str:
 
 
 def _write_raw(path: Path, raw: Mapping[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)  # 0700 whatever the umask: nobody else may change settings
     lines = ["# mlxlaunch settings; change them with `mlx config set KEY VALUE`."]
     lines += [f"{key} = {_toml_value(value)}" for key, value in raw.items()]
     tmp = path.with_suffix(".tmp")

@@ -4,9 +4,14 @@ One JSON file per server process under `<home>/run/` (home: `mlxlaunch.home`), n
 `<pid>.json` by the writer:
 
     {"pid": int, "url": str, "token": str, "model": str, "model_path": str,
-     "log_file": str, "kind": "launch" | "serve", "started_at": float}
+     "log_file": str, "kind": "launch" | "serve", "started_at": float,
+     "client": {"model_id": str, "small_model_id": str, "context_window": int,
+                "max_output_tokens": int, "compact_at": int} | null}
 
 `model` is the name the user gave (alias, repo id or path); `model_path` the resolved directory.
+`client` is what clients are told about the served model (`ClientSettings`, derived once by
+`launch.claude_env.client_settings` from the window the engine serves): `mlx launch claude
+--print-env` reads it instead of guessing from config.json. Records from older writers lack it.
 The token makes records secret: writers keep them 0600 inside a 0700 directory. A record whose
 process is gone is stale. This module is top-level so both writers (`launch.state`) and
 token-less readers (`store.running`, which must not import launch) share one parser and one
@@ -51,6 +56,43 @@ def pid_alive(pid: int) -> bool:
 
 
 @dataclass(frozen=True)
+class ClientSettings:
+    """What a client is told about the served model; one record for every place that says it.
+
+    `compact_at` is the prompt size at which Claude Code compacts, given this window and output
+    budget (its own rule, see `launch.claude_env.compaction_threshold`): shown, never sent.
+    """
+
+    model_id: str  # the id clients send (never one Claude Code takes for a Claude model)
+    small_model_id: str  # the id for Claude Code's background (haiku) tier
+    context_window: int  # tokens, prompt and output together, as the engine serves them
+    max_output_tokens: int  # the output budget clients are told
+    compact_at: int  # prompt tokens at which Claude Code compacts
+
+    @classmethod
+    def from_json(cls, data: object) -> ClientSettings | None:
+        """Parse a record's `client` object; None when absent (older writers).
+
+        Raises:
+            ValueError: present but malformed.
+        """
+        if data is None:
+            return None
+        if not isinstance(data, Mapping):
+            raise ValueError("bad state file content: 'client' is not an object")
+        try:
+            return cls(
+                model_id=str(data["model_id"]),
+                small_model_id=str(data["small_model_id"]),
+                context_window=_to_int(data["context_window"]),
+                max_output_tokens=_to_int(data["max_output_tokens"]),
+                compact_at=_to_int(data["compact_at"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"bad state file content: 'client': {exc}") from exc
+
+
+@dataclass(frozen=True)
 class RunState:
     """What another process needs to reach (or recognise) a running server."""
 
@@ -62,6 +104,7 @@ class RunState:
     log_file: str
     kind: RunKind = "launch"
     started_at: float = field(default_factory=time.time)
+    client: ClientSettings | None = None  # None: an older writer's record
 
     @classmethod
     def from_json(cls, data: Mapping[str, object], *, partial: bool = False) -> RunState:
@@ -99,7 +142,17 @@ class RunState:
             log_file=get("log_file", str, ""),
             kind=cast(RunKind, kind),
             started_at=get("started_at", _to_float, 0.0),
+            client=_client(data, partial),
         )
+
+
+def _client(data: Mapping[str, object], partial: bool) -> ClientSettings | None:
+    try:
+        return ClientSettings.from_json(data.get("client"))
+    except ValueError:
+        if partial:
+            return None  # partial readers never look at it
+        raise
 
 
 def _to_int(value: object) -> int:

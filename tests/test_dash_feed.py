@@ -12,7 +12,7 @@ from mlxlaunch.cli.main import main
 from mlxlaunch.dash.feed import ServerAddress, ServerUnreachable, StatsFeed
 from mlxlaunch.dash.panels import miss_text, requests_card, short_id, short_model
 from mlxlaunch.dash.snapshot import human_bytes, human_duration
-from mlxlaunch.protocol.stats import CacheMiss, MissExcerpts, StatsSnapshot
+from mlxlaunch.protocol.stats import CacheMiss, MissDigests, MissExcerpts, StatsSnapshot
 
 
 def test_snapshot_parsing_ignores_unknown_fields_and_reads_missing_ones_as_zero() -> None:
@@ -38,6 +38,10 @@ def test_formatting_helpers() -> None:
     miss = CacheMiss(request_id="msg_1", kind="main", position=812, request_tokens=9_870)
     assert "at token 812 of 9,870" in miss_text(miss)
     assert "does not share prompt text" in miss_text(miss)
+    assert "digests" not in miss_text(miss)  # an older server's miss: none to show
+    hashed = miss.model_copy(update={"digests": MissDigests(before="0a1b2c3d", cached="[b]")})
+    assert "before #0a1b2c3d" in Text.from_markup(miss_text(hashed)).plain
+    assert "earlier #[b]" in Text.from_markup(miss_text(hashed)).plain
     shared = miss.model_copy(update={"excerpts": MissExcerpts(cached="[b]fix", request="find")})
     shown = Text.from_markup(miss_text(shared)).plain  # markup in a prompt shows as typed
     assert "'[b]fix'" in shown and "'find'" in shown and "does not share" not in shown

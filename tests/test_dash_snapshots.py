@@ -66,6 +66,7 @@ RECORDED: dict[str, Any] = {
             "request_tokens": 9_870,
             "nearest_tokens": 21_904,
             "cached_tokens": 1_024,
+            "digests": {"before": "5e0c81a2", "cached": "b7d4f019", "request": "2c96e3d8"},
             "excerpts": None,
         },
     },

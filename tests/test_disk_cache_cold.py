@@ -85,8 +85,9 @@ def after_idle_time(clock: FakeClock, condition: Callable[[], bool]) -> Callable
 
 
 def saved(cache_dir: Path) -> list[Path]:
-    """The disk tier's files (entries, and unfinished ones) under `cache_dir`."""
-    files = cache_dir.rglob("*")
+    """The disk tier's files (entries, and unfinished ones) in `cache_dir`'s identity
+    directories (not the weight-digest memo beside them)."""
+    files = cache_dir.glob("*/*")
     return sorted(p for p in files if p.suffix in (".json", ".safetensors") and p.is_file())
 
 
@@ -212,12 +213,18 @@ async def test_no_disk_budget_keeps_nothing_on_disk(tiny_model_dir: Path, tmp_pa
 
 
 class TwoLayers:
-    """Stands in for a model: make_prompt_cache gives it one plain KV cache per layer."""
+    """Stands in for a model: make_prompt_cache gives it one plain KV cache per layer, and a
+    forward pass fills each with 2 heads of 8 (the disk tier reads the layout off it)."""
 
-    layers = (None, None)
+    layers: tuple[None, ...] = (None, None)
+
+    def __call__(self, tokens: mx.array, cache: list[Any]) -> None:
+        kv = mx.zeros((1, 2, tokens.shape[1], 8))
+        for layer in cache:
+            layer.update_and_fetch(kv, kv)
 
 
-class Rotating:
+class Rotating(TwoLayers):
     """A model whose caches cannot be trimmed: the prefix cache keeps snapshots."""
 
     layers = (None,)

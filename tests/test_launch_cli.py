@@ -139,7 +139,7 @@ def test_environment_wiring_exit_code_and_cleanup(
         "CLAUDE_CODE_SUBAGENT_MODEL": model_id,
         # The test model's config declares 40960 positions; a quarter of it goes to output.
         "CLAUDE_CODE_MAX_CONTEXT_TOKENS": "40960",
-        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "10240",
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "7480",  # 40960 window: compacts at half
         "API_TIMEOUT_MS": "3600000",
         "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",

@@ -34,7 +34,7 @@ def test_every_variable_and_value() -> None:
         "ANTHROPIC_SMALL_FAST_MODEL": "qwen3-8b",
         "CLAUDE_CODE_SUBAGENT_MODEL": "qwen3-8b",
         "CLAUDE_CODE_MAX_CONTEXT_TOKENS": "40960",
-        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "10240",
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "7480",  # compacts at half the window, not before
         "API_TIMEOUT_MS": "3600000",
         "CLAUDE_CODE_ATTRIBUTION_HEADER": "0",
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
@@ -73,7 +73,9 @@ def test_model_ids_keep_claude_code_honouring_the_context_window(name: str, expe
     assert not model_id.lower().startswith("claude-") and "[1m]" not in model_id
 
 
-@pytest.mark.parametrize(("window", "expected"), [(4096, 1024), (32768, 8192), (262144, 32000)])
+@pytest.mark.parametrize(
+    ("window", "expected"), [(4096, 1024), (32768, 3384), (65536, 16384), (262144, 32000)]
+)
 def test_max_output_fits_the_window(window: int, expected: int) -> None:
     assert max_output_tokens(window) == expected
 

@@ -47,6 +47,7 @@ def test_written_file_has_the_shared_format_and_private_modes(tmp_path: Path) ->
         "started_at": 1.0,
         "log_file": "/l.log",
         "kind": "launch",
+        "client": None,
     }
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700

@@ -167,7 +167,7 @@ def test_snapshots_serve_only_requests_that_continue_them() -> None:
 
 
 def test_miss_tracker_names_the_divergence_and_ignores_a_growing_conversation() -> None:
-    tracker = MissTracker(decode=lambda ids: "".join(chr(65 + i % 26) for i in ids))
+    tracker = MissTracker(decode=lambda ids: "".join(chr(65 + i % 26) for i in ids), excerpts=True)
     base = list(range(100))
     assert tracker.observe(base, cached_tokens=0, request_id="a", kind="main") is None
     grown = base + list(range(100, 140))
@@ -175,7 +175,8 @@ def test_miss_tracker_names_the_divergence_and_ignores_a_growing_conversation() 
     changed = [*grown[:30], 999, *grown[31:]]
     report = tracker.observe(changed, cached_tokens=30, request_id="c", kind="main")
     assert report is not None and report.position == 30
-    assert report.excerpt_cached.startswith("E") and report.excerpt_request != report.excerpt_cached
+    assert report.excerpts is not None and report.excerpts.cached.startswith("E")
+    assert report.excerpts.request != report.excerpts.cached
     assert tracker.last == report
 
 
@@ -310,7 +311,8 @@ async def test_a_changed_early_token_reuses_up_to_the_change_and_reports_where(
     assert miss is not None
     assert second.usage.cached_tokens == miss.position
     assert len(text_a) <= miss.position < first.usage.prompt_tokens // 2
-    assert "fix" in miss.excerpt_cached and "find" in miss.excerpt_request
+    # Without --debug-cache the record holds no prompt text, only digests that differ.
+    assert miss.excerpts is None and miss.digests.cached != miss.digests.request
 
 
 @pytest.mark.slow

@@ -31,10 +31,12 @@ from mlxlaunch.engine.stats import (
     CacheFigures,
     EngineCounters,
     EngineStats,
+    MissDigests,
+    MissExcerpts,
+    MissRecord,
     RequestRecord,
     StatsBook,
 )
-from mlxlaunch.engine.types import MissReport
 from mlxlaunch.protocol.limits import plain_model_id
 from mlxlaunch.protocol.stats import StatsSnapshot
 from mlxlaunch.server.app import ServerSettings
@@ -58,9 +60,6 @@ ENGINE_TO_WIRE = {
     "memory_cache_bytes": "memory.cache_bytes",
     "memory_limit_bytes": "memory.limit_bytes",
     "cache_hit_ratio": "cache.hit_ratio",
-    "cache.last_miss.excerpt_before": "cache.last_miss.excerpts.before",
-    "cache.last_miss.excerpt_cached": "cache.last_miss.excerpts.cached",
-    "cache.last_miss.excerpt_request": "cache.last_miss.excerpts.request",
 }
 WIRE_ONLY = {"version", "time", "uptime_s"}  # the server's own
 
@@ -80,7 +79,16 @@ def recorded_stats() -> EngineStats:
         book.record(
             RequestRecord(f"msg_{i}", "main", "claude-x", 900, 512, 40, 1.25, 39.5, outcome)
         )
-    miss = MissReport("msg_1", "subagent", 812, 9_870, 21_904, 812, "fix ", "bugs in", "find it")
+    miss = MissRecord(
+        "msg_1",
+        "subagent",
+        812,
+        9_870,
+        21_904,
+        812,
+        MissDigests("0a1b2c3d", "4e5f6a7b", "8c9d0e1f"),
+        MissExcerpts("fix ", "bugs in", "find it"),  # as an engine under --debug-cache keeps
+    )
     sizes = {
         f.name: i + 1 for i, f in enumerate(dataclasses.fields(CacheFigures)) if f.type == "int"
     }
@@ -222,6 +230,7 @@ def test_the_model_shows_by_name_and_prompt_text_only_when_shared() -> None:
     assert "/Users/someone" not in body and "/Users/someone" not in metrics
     assert snap.cache.last_miss is not None and snap.cache.last_miss.excerpts is None
     assert "bugs in" not in body and "find it" not in body
+    assert snap.cache.last_miss.digests.request == "8c9d0e1f"  # sent whatever the setting
 
     with client_over(recorded_stats(), model_id="qwen-coder", excerpts=True) as client:
         shared = StatsSnapshot.model_validate_json(client.get("/v1/stats").text)
@@ -292,15 +301,16 @@ def test_a_real_server_shows_the_model_by_name_and_no_prompt_text(served: Served
     assert snap.model.name == served.model_dir.name
     assert str(served.model_dir) not in body
     assert str(served.model_dir) not in served.get("/metrics").text
-    assert snap.cache.last_miss is not None and snap.cache.last_miss.excerpts is None
-    miss = served.engine.stats().cache.last_miss
-    assert miss is not None
-    for text in (miss.excerpt_before, miss.excerpt_cached, miss.excerpt_request):
-        assert not text.strip() or text not in body
+    miss = snap.cache.last_miss
+    assert miss is not None and miss.excerpts is None
+    assert miss.digests.cached and miss.digests.cached != miss.digests.request
+    for text in ("coding agent", "fix", "find", "Answer briefly"):
+        assert text not in body
 
 
 @pytest.mark.slow
-def test_a_server_started_to_share_them_sends_the_excerpts(served: Served) -> None:
+def test_sharing_excerpts_needs_an_engine_that_kept_them(served: Served) -> None:
+    # The server may share excerpts, but an engine without debug_cache kept none.
     settings = ServerSettings(auth_token=TOKEN, model_id="qwen-coder", stats_prompt_excerpts=True)
     other = start_server(served.engine, settings)
     try:
@@ -309,8 +319,6 @@ def test_a_server_started_to_share_them_sends_the_excerpts(served: Served) -> No
         other.stop(timeout=2)
     snap = check_sent_whole(body)
     assert snap.model.name == "qwen-coder"
-    miss = served.engine.stats().cache.last_miss
-    assert miss is not None and snap.cache.last_miss is not None
-    excerpts = snap.cache.last_miss.excerpts
-    assert excerpts is not None and excerpts.cached == miss.excerpt_cached
-    assert "fix" in excerpts.cached and "find" in excerpts.request
+    assert served.engine.stats().cache.last_miss is not None
+    assert snap.cache.last_miss is not None and snap.cache.last_miss.excerpts is None
+    assert "fix" not in body and "find" not in body

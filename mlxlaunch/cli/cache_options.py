@@ -1,6 +1,7 @@
 """Prefix-cache options shared by `mlx serve` and `mlx launch claude`.
 
-Sizes are checked while parsing, so a bad value fails before a model loads.
+Sizes are checked while parsing, so a bad value fails before a model loads. `--debug-cache`
+is the one switch that lets prompt text into miss diagnostics (`EngineConfig.debug_cache`).
 """
 
 from __future__ import annotations
@@ -40,4 +41,21 @@ CacheDirOption = Annotated[
 CacheDiskOption = Annotated[
     str,
     typer.Option(callback=_size, help="Disk budget of --cache-dir (0: keep nothing on disk)."),
+]
+DebugCacheOption = Annotated[
+    bool,
+    typer.Option(
+        "--debug-cache",
+        help="Show the prompt text around each prefix-cache miss in /v1/stats, mlx dash and "
+        "the log: other clients' words, so for debugging only (default: where it happened, "
+        "with digests of the text).",
+    ),
+]
+SafeguardsOption = Annotated[
+    bool,
+    typer.Option(
+        "--safeguards/--no-safeguards",
+        help="Judge Claude Code's auto-mode safety check with the loaded model (models under "
+        "1B parameters answer that the check is unavailable; so does --no-safeguards).",
+    ),
 ]

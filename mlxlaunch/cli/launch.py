@@ -15,6 +15,8 @@ from mlxlaunch.cli.cache_options import (
     CacheDirOption,
     CacheDiskOption,
     CacheMemoryOption,
+    DebugCacheOption,
+    SafeguardsOption,
 )
 from mlxlaunch.cli.options import model_option
 from mlxlaunch.cli.scheduler_options import (
@@ -134,7 +136,10 @@ def claude(
     ] = None,
     context_length: ContextLengthOption = None,
     max_output_tokens: Annotated[
-        int | None, typer.Option(min=1, help="Claude Code's output budget (default: window/4).")
+        int | None,
+        typer.Option(
+            min=1, help="Claude Code's output budget (default: window/4, less under 52k)."
+        ),
     ] = None,
     keep_alive: KeepAliveOption = None,
     max_concurrency: MaxConcurrencyOption = None,
@@ -145,6 +150,8 @@ def claude(
     cache_disk: CacheDiskOption = DEFAULT_CACHE_DISK,
     tool_format: ToolFormatOption = None,
     render: RenderOption = DEFAULT_RENDER,
+    debug_cache: DebugCacheOption = False,
+    safeguards: SafeguardsOption = True,
     preload: Annotated[
         bool, typer.Option("--preload", help="Load the model before claude starts.")
     ] = False,
@@ -205,6 +212,8 @@ def claude(
             cache_disk=cache_disk,
             tool_format=tool_format,
             render=render,
+            debug_cache=debug_cache,
+            safeguards=safeguards,
         ),
         max_output_tokens=max_output_tokens,
         preload=preload,

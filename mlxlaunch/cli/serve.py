@@ -12,6 +12,8 @@ from mlxlaunch.cli.cache_options import (
     CacheDirOption,
     CacheDiskOption,
     CacheMemoryOption,
+    DebugCacheOption,
+    SafeguardsOption,
 )
 from mlxlaunch.cli.options import model_option
 from mlxlaunch.cli.scheduler_options import (
@@ -72,6 +74,8 @@ def serve(
     cache_disk: CacheDiskOption = DEFAULT_CACHE_DISK,
     tool_format: ToolFormatOption = None,
     render: RenderOption = DEFAULT_RENDER,
+    debug_cache: DebugCacheOption = False,
+    safeguards: SafeguardsOption = True,
     preload: Annotated[
         bool, typer.Option("--preload/--no-preload", help="Load the model before serving.")
     ] = True,
@@ -119,6 +123,8 @@ def serve(
             cache_disk=cache_disk,
             tool_format=tool_format,
             render=render,
+            debug_cache=debug_cache,
+            safeguards=safeguards,
         ),
     )
     serve_model(options, console=_console, logits_hook=overrides(ctx).logits_hook)

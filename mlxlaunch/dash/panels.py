@@ -113,11 +113,25 @@ def miss_text(miss: CacheMiss | None) -> str:
         _line("reused", f"{miss.cached_tokens:,} tokens"),
         "",
     ]
-    if miss.excerpts is None:
+    digests = miss.digests
+    hashed = bool(digests.before or digests.cached or digests.request)  # older servers: none
+    if hashed:
         lines.append(
-            "[dim]The server does not share prompt text, so the text on each side of the "
-            "divergence is not shown.[/dim]"
+            _line(
+                "digests",
+                f"before #{escape(digests.before)}  earlier #{escape(digests.cached)}  "
+                f"this one #{escape(digests.request)}",
+            )
         )
+    if miss.excerpts is None:
+        note = (
+            "The server does not share prompt text (other clients' words; a server started "
+            "with --debug-cache does)."
+        )
+        if hashed:
+            note += " Equal digests mean equal text: the same digests every turn are one change"
+            note += " repeated (a timestamp)."
+        lines += ["", f"[dim]{note}[/dim]"]
     else:
         lines += [
             _line("before", escape(repr(miss.excerpts.before))),

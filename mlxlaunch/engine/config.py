@@ -89,6 +89,9 @@ class EngineConfig:
         render: "stable" (default: each prompt extends the previous prompt and output, so the
             prefix cache prefills only what is new) or "exact" (the chat template's own
             output, which may re-render the past).
+        debug_cache: keep the prompt text around each cache miss in stats and the log
+            (`--debug-cache`); off, a miss says only where it happened, with digests of the
+            text, since every client with the token can read stats (engine/cache/misses.py).
     """
 
     model: str
@@ -113,6 +116,7 @@ class EngineConfig:
     cache_restore: int = 4
     tool_format: str | None = None
     render: RenderMode = "stable"
+    debug_cache: bool = False
 
     def __post_init__(self) -> None:
         if self.render not in RENDER_MODES:

@@ -5,7 +5,9 @@
         ...
 
 `submit` renders and tokenizes the request off the event loop (under the tokenizer lock),
-checks it against the context window and admission bounds, and hands it to the worker. Errors
+checks it against the context window (a prompt that cannot fit is refused in work bounded by
+the window, not by the prompt: prompt/prompt_size.py) and admission bounds, and hands it to
+the worker. Errors
 that refuse a request (PromptTooLong, Overloaded, EngineUnavailable) are raised before the
 first event; GenerationFailed can be raised later, in place of the next event.
 """
@@ -23,7 +25,13 @@ from collections.abc import AsyncIterator
 from functools import partial
 
 from mlxlaunch.engine.config import EngineConfig
-from mlxlaunch.engine.decoding.plan import NO_PLAN, DecodingPlan, needs_plan, plan_decoding
+from mlxlaunch.engine.decoding.plan import (
+    NO_PLAN,
+    PLANNING_THREADS,
+    DecodingPlan,
+    needs_plan,
+    plan_decoding,
+)
 from mlxlaunch.engine.prompt.render import RenderedPrompt
 from mlxlaunch.engine.scheduling.duplicates import (
     DuplicateRegistry,
@@ -50,6 +58,14 @@ from mlxlaunch.engine.types import (
 from mlxlaunch.errors import MlxLaunchError
 
 log = logging.getLogger(__name__)
+
+
+def model_load_failed(detail: str) -> EngineUnavailable:
+    """What a client is told when the model cannot load: no path, no library text (both name
+    the operator's files); the reason goes to the server log."""
+    log.error("the model could not be loaded: %s", detail)
+    return EngineUnavailable("the model could not be loaded (the server log says why)")
+
 
 # Bounds of the retry-after hint given with Overloaded, in seconds.
 MIN_RETRY_AFTER_S = 1
@@ -187,12 +203,14 @@ class Engine:
         if request.max_tokens < 1:
             raise InvalidRequest("max_tokens must be at least 1")
         info = await self._loaded_info()
-        rendered = await self._render(request)
-        prompt_tokens = len(rendered.tokens)
         window = info.context_window
-        if prompt_tokens >= window:
+        try:
+            # Refused in work bounded by the window, not by the prompt (prompt/prompt_size.py).
+            rendered = await self._render(request, window)
+        except PromptTooLong:
             self._stats.count(requests_refused=1)
-            raise PromptTooLong(prompt_tokens, window)
+            raise
+        prompt_tokens = len(rendered.tokens)
         decoding = await self._plan_decoding(request, rendered)  # InvalidRequest: a 400
         room = window - prompt_tokens
         max_tokens = min(request.max_tokens, room)
@@ -271,8 +289,11 @@ class Engine:
         """The exact number of prompt tokens `submit(request)` would have."""
         self._sweeper.begin()
         try:
-            await self._loaded_info()
-            return len((await self._render(request)).tokens)
+            info = await self._loaded_info()
+            # Exact, over the window too, unless the prompt certainly cannot fit: then it is
+            # refused as submit refuses it (counting 32 MiB exactly costs 40 s and 4 GB).
+            rendered = await self._render(request, info.context_window, exact=True)
+            return len(rendered.tokens)
         finally:
             self._sweeper.end()
 
@@ -291,9 +312,11 @@ class Engine:
         try:
             return await self.load()
         except MlxLaunchError as exc:
-            raise EngineUnavailable(f"the model could not be loaded: {exc.message}") from exc
+            raise model_load_failed(exc.message) from exc
 
-    async def _render(self, request: GenerationRequest) -> RenderedPrompt:
+    async def _render(
+        self, request: GenerationRequest, limit: int | None, *, exact: bool = False
+    ) -> RenderedPrompt:
         renderer = self._worker.renderer
         if renderer is None:  # still loading, or unloaded by the idle sweeper: wait for the load
             # The shared load future completes only once the renderer and caches exist (the
@@ -303,19 +326,25 @@ class Engine:
             try:
                 await self.load()
             except MlxLaunchError as exc:
-                raise EngineUnavailable(f"the model could not be loaded: {exc.message}") from exc
+                raise model_load_failed(exc.message) from exc
             renderer = self._worker.renderer
         if renderer is None:
             raise EngineUnavailable("no model is loaded")
         try:
-            return await asyncio.to_thread(renderer.render, request)
+            return await asyncio.to_thread(partial(renderer.render, request, limit, exact=exact))
+        except PromptTooLong:
+            raise
         except Exception as exc:  # template errors are about the request's content
             raise InvalidRequest(f"the prompt could not be rendered: {exc}") from exc
 
     async def _plan_decoding(
         self, request: GenerationRequest, rendered: RenderedPrompt
     ) -> DecodingPlan:
-        """Compile the request's constraints and thinking budget (see engine/decoding/plan.py)."""
+        """Compile the request's constraints and thinking budget (see engine/decoding/plan.py).
+
+        On the planning threads, not the default executor: a grammar's compilation (bounded,
+        but tens of milliseconds for a large one) must not queue other requests' rendering.
+        The tokenizer lock is passed down and taken only around the tokenizer calls."""
         if not needs_plan(request):
             return NO_PLAN
         loaded = self._worker.loaded
@@ -330,7 +359,7 @@ class Engine:
             info=loaded.info,
             lock=self._worker.tokenizer_lock,
         )
-        return await asyncio.to_thread(build)
+        return await asyncio.get_running_loop().run_in_executor(PLANNING_THREADS, build)
 
     def _on_dequeue(self, job: Job) -> None:
         self._admission.leave(job.prompt_tokens)

@@ -19,8 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from mlxlaunch.engine.types import MissReport
-
 EngineState = Literal["unloaded", "loading", "loaded"]
 
 # How far back the "recent" prefill and decode speeds look.
@@ -61,6 +59,44 @@ class RequestRecord:
 
 
 @dataclass(frozen=True)
+class MissDigests:
+    """Keyed hashes (8 hex digits) of the token windows on each side of a cache miss.
+
+    Equal digests mean the same tokens, so misses can be told apart or matched (the same
+    timestamp breaking every turn) without their text; the key is the process's own, so a
+    digest cannot be checked against guessed text elsewhere (engine/cache/misses.py).
+    """
+
+    before: str = ""  # the shared tokens just before the divergence
+    cached: str = ""  # the earlier sequence's tokens from the divergence on
+    request: str = ""  # this request's tokens from the divergence on
+
+
+@dataclass(frozen=True)
+class MissExcerpts:
+    """The text of those windows: a client's own words, kept only under `--debug-cache`."""
+
+    before: str = ""
+    cached: str = ""
+    request: str = ""
+
+
+@dataclass(frozen=True)
+class MissRecord:
+    """Why a request missed the prefix cache (engine/cache/misses.py), as stats carry it:
+    positions and digests always, prompt text only when the engine was started to keep it."""
+
+    request_id: str
+    kind: str
+    position: int  # first token index where the request and the nearest sequence differ
+    request_tokens: int
+    nearest_tokens: int  # length of the nearest earlier sequence the cache held (prompt + output)
+    cached_tokens: int  # what the request did reuse
+    digests: MissDigests = field(default_factory=MissDigests)
+    excerpts: MissExcerpts | None = None  # None unless EngineConfig.debug_cache
+
+
+@dataclass(frozen=True)
 class CacheFigures:
     """The prefix cache as stats report it."""
 
@@ -76,7 +112,7 @@ class CacheFigures:
     disk_saves: int = 0
     disk_rejected: int = 0
     warning: str | None = None
-    last_miss: MissReport | None = None
+    last_miss: MissRecord | None = None
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,9 @@ class GenerationRequest:
     request_id: str = ""
     kind: RequestKind = "other"  # for stats and the dashboard only
     model_alias: str = ""  # the id the client asked for, echoed in stats
+    # Keep this request's conversation (prompt and reply) in the prefix cache ahead of
+    # anything unpinned for this long: a message thread's next turn continues it.
+    pin_prefix_s: float = 0.0
 
 
 # --- events -------------------------------------------------------------------------------
@@ -210,25 +213,6 @@ EngineEvent = (
     | ToolCallEvent
     | Done
 )
-
-
-@dataclass(frozen=True)
-class MissReport:
-    """Why a request missed the prefix cache (engine/cache/misses.py), as stats carry it."""
-
-    request_id: str
-    kind: str
-    position: int  # first token index where the request and the nearest prompt differ
-    request_tokens: int
-    nearest_tokens: int  # length of the nearest earlier sequence the cache held (prompt + output)
-    cached_tokens: int  # what the request did reuse
-    excerpt_before: str  # shared text just before the divergence
-    excerpt_cached: str  # the earlier prompt's text from the divergence on
-    excerpt_request: str  # this request's text from the divergence on
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain data for stats."""
-        return dict(self.__dict__)
 
 
 # --- errors raised from submit() / count_tokens() ----------------------------------------

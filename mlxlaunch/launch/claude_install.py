@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mlxlaunch.errors import ClaudeNotFound, MlxLaunchError
+from mlxlaunch.home import private_dir
 from mlxlaunch.launch.claude_bin import (
     CLAUDE_CODE_PACKAGE,
     CLAUDE_CODE_VERSION,
@@ -63,7 +64,7 @@ def install_claude_code(
         raise ClaudeInstallFailed(
             f"npm is not on PATH: cannot install Claude Code {CLAUDE_CODE_VERSION}", hint=NODE_FIX
         )
-    where.mkdir(parents=True, exist_ok=True)
+    private_dir(where)  # nobody else may swap the binary we run
     env = None if path is None else {**os.environ, "PATH": path}
     command = npm_install_command(where, npm)
     try:

@@ -127,12 +127,8 @@ def _security(options: ServeOptions, console: Console) -> tuple[str | None, tupl
 
 
 def _announce(out: TextIO, served: Serving, token: str | None) -> None:
-    target = ClaudeTarget(
-        base_url=served.url,
-        auth_token=token or "no-auth",
-        model_id=plain_model_id(served.model.name),
-        context_window=served.context_window,
-    )
+    # The settings the state file holds: --print-env from another shell prints the same.
+    target = ClaudeTarget.of(served.url, token or "no-auth", served.client)
     print(f"mlx: serving {served.model.name} at {served.url}", file=out)
     print("Point a client at it with:\n", file=out)
     print(export_lines(launch_variables(target)), file=out)

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from mlxlaunch.home import private_dir
 from mlxlaunch.launch.child import Stdio
 from mlxlaunch.launch.state import logs_dir
 
@@ -44,7 +45,7 @@ def new_log_path(home: Path | None = None, pid: int | None = None) -> Path:
     """A fresh log file path, e.g. `<home>/logs/launch-20261129-201500-4242.log`."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     directory = logs_dir(home)
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_dir(directory)  # and the home: 0700 whatever the umask
     path = directory / f"launch-{stamp}-{pid or os.getpid()}.log"
     # Prompts end up in the log at debug level: keep it private from the start.
     os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))

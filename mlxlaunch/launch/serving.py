@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,8 +26,9 @@ from mlxlaunch.engine.config import EngineConfig, LogitsHook
 from mlxlaunch.engine.engine import Engine
 from mlxlaunch.engine.settings import DEFAULT_CACHE_DISK, cache_config, engine_tuning
 from mlxlaunch.launch.child import terminating_like_ctrl_c
+from mlxlaunch.launch.claude_env import client_settings
 from mlxlaunch.launch.models import ChosenModel, demo_replies
-from mlxlaunch.launch.state import RunKind, RunState, remove_state, write_state
+from mlxlaunch.launch.state import ClientSettings, RunKind, RunState, remove_state, write_state
 from mlxlaunch.launch.warm import warm_up_in_background
 from mlxlaunch.server.app import ServerSettings
 from mlxlaunch.server.runner import DEFAULT_DRAIN_S, ServerHandle, start_server
@@ -54,6 +56,8 @@ class EngineOptions:
     cache_disk: str = DEFAULT_CACHE_DISK
     tool_format: str | None = None
     render: str = "stable"  # prompt rendering: "stable" or "exact" (EngineConfig.render)
+    debug_cache: bool = False  # keep prompt text around cache misses (EngineConfig.debug_cache)
+    safeguards: bool = True  # answer Claude Code's auto-mode check (ServerSettings.safeguards)
 
     def config_arguments(self) -> dict[str, Any]:
         """EngineConfig keyword arguments for everything but the model and its logits hook.
@@ -66,6 +70,7 @@ class EngineOptions:
             "context_length": self.context_length,
             "tool_format": self.tool_format,
             "render": self.render,
+            "debug_cache": self.debug_cache,
             **engine_tuning(
                 max_concurrency=self.max_concurrency,
                 idle_clear=self.idle_clear,
@@ -84,6 +89,7 @@ class Serving:
     engine: Engine
     server: ServerHandle
     context_window: int  # tokens, as served (the loaded model's, or read from its config)
+    client: ClientSettings  # what clients are told: derived from that window, once
 
     @property
     def url(self) -> str:
@@ -103,6 +109,8 @@ def serving(
     log_file: Path | None = None,
     log_level: str = "warning",
     logits_hook: LogitsHook | None = None,
+    small_model: str | None = None,
+    max_output_tokens: int | None = None,
 ) -> Iterator[Serving]:
     """Serve `model` for the duration of the block, then drain, stop and clean up.
 
@@ -117,11 +125,17 @@ def serving(
         log_level: uvicorn's own log level.
         logits_hook: scripted output in place of the model's own (tests); None: the model's,
             or the demo's replies for `--model demo`.
+        small_model: the id for Claude Code's background tier (None: the served model's).
+        max_output_tokens: the output budget clients are told (None: from the window).
 
     Raises:
         ConfigError: a bad engine setting, or the port is taken.
     """
     hook = logits_hook if logits_hook is not None else demo_replies(model.name)
+    if engine_options.debug_cache:  # one flag: the engine keeps the text, the server shares it
+        settings = dataclasses.replace(settings, stats_prompt_excerpts=True)
+    if not engine_options.safeguards:  # --no-safeguards: the server says the check is off
+        settings = dataclasses.replace(settings, safeguards=False)
     config = EngineConfig(
         model=str(model.path), logits_hook=hook, **engine_options.config_arguments()
     )
@@ -129,10 +143,19 @@ def serving(
         engine = Engine(config)
         engine.start()
         stack.callback(engine.close)
+        if settings.threads_dir is None and config.cache_dir is not None:
+            # Message threads are kept where their KV is: across restarts with the disk tier.
+            settings = replace(settings, threads_dir=config.cache_dir / "threads")
         server = start_server(engine, settings, log_level=log_level)
         stack.callback(server.stop, DRAIN_S)
         window = _load(engine, model, load, console, engine_options.context_length)
-        served = Serving(model, engine, server, window)
+        client = client_settings(
+            settings.model_id or model.served_id,
+            window,
+            small_model_id=small_model,
+            max_output=max_output_tokens,
+        )
+        served = Serving(model, engine, server, window, client)
         write_state(
             RunState(
                 pid=os.getpid(),
@@ -142,6 +165,7 @@ def serving(
                 model_path=str(model.path),
                 log_file=str(log_file or ""),
                 kind=kind,
+                client=client,
             )
         )
         stack.callback(remove_state, os.getpid())

@@ -91,21 +91,14 @@ def launch_claude(
             log_file=log_file,
             log_level="info",
             logits_hook=logits_hook,
+            small_model=options.small_model,
+            max_output_tokens=options.max_output_tokens or _noise_cap(chosen),
         ) as served,
     ):
         _announce(console, served, log_file, options)
-        env = claude_environment(
-            ClaudeTarget(
-                base_url=served.url,
-                auth_token=token,
-                model_id=chosen.served_id,
-                context_window=served.context_window,
-                small_model_id=options.small_model,
-                max_output_tokens=options.max_output_tokens or _noise_cap(chosen),
-                extra=options.extra_env,
-            ),
-            environ,
-        )
+        # The settings the state file holds, so --print-env elsewhere says the same.
+        target = ClaudeTarget.of(served.url, token, served.client, options.extra_env)
+        env = claude_environment(target, environ)
         with terminal_to_child(log_file) as stdio:
             return run_child([str(claude), *options.claude_args], env, stdio=stdio)
 
@@ -148,10 +141,10 @@ def _choose(
 
 
 def _announce(console: Console, served: Serving, log_file: Path, options: LaunchOptions) -> None:
-    model_id = claude_model_id(served.model.served_id)
+    client = served.client
     console.print(
-        f"[bold]mlx[/]: serving [cyan]{served.model.name}[/] as [cyan]{model_id}[/] "
-        f"({served.context_window:,}-token window) at {served.url}",
+        f"[bold]mlx[/]: serving [cyan]{served.model.name}[/] as [cyan]{client.model_id}[/] "
+        f"({client.context_window:,}-token window) at {served.url}",
         highlight=False,
     )
     if is_test_model_name(served.model.name):
@@ -164,3 +157,8 @@ def _announce(console: Console, served: Serving, log_file: Path, options: Launch
     console.print("[dim]watch it live from another terminal: mlx dash[/]")
     if options.verbose:
         console.print(f"model: {served.model.path} (from {served.model.reason})", highlight=False)
+        console.print(
+            f"claude: output budget {client.max_output_tokens:,} tokens, compacts at "
+            f"{client.compact_at:,}",
+            highlight=False,
+        )

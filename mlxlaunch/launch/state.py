@@ -14,8 +14,9 @@ import os
 from dataclasses import asdict
 from pathlib import Path
 
-from mlxlaunch.home import mlxlaunch_home
+from mlxlaunch.home import mlxlaunch_home, private_dir
 from mlxlaunch.runstate import (
+    ClientSettings,
     RunKind,
     RunState,
     pid_alive,
@@ -25,6 +26,7 @@ from mlxlaunch.runstate import (
 )
 
 __all__ = [
+    "ClientSettings",
     "RunKind",
     "RunState",
     "is_stale",
@@ -52,8 +54,8 @@ def state_path(pid: int, home: Path | None = None) -> Path:
 def write_state(state: RunState, home: Path | None = None) -> Path:
     """Write the state file atomically with owner-only permissions; returns its path."""
     directory = run_dir(home)
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(directory, 0o700)  # mkdir's mode is masked by umask and skipped if it exists
+    private_dir(directory)  # and the home: 0700 whatever the umask
+    os.chmod(directory, 0o700)  # it may exist from an older version with a wider mode
     path = state_path(state.pid, home)
     tmp = directory / f".{state.pid}.json.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

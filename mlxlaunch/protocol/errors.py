@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, SerializerFunctionWrapHandler, ValidationError, model_serializer
 
 ErrorType = Literal[
     "invalid_request_error",
@@ -35,6 +35,16 @@ ERROR_STATUS: dict[ErrorType, int] = {
 class ErrorDetail(BaseModel):
     type: ErrorType
     message: str
+    # Machine-readable particulars some errors carry (the threads beta's `error_code`);
+    # absent from the wire when there are none.
+    details: dict[str, Any] | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_empty_details(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict) and data.get("details") is None:
+            data.pop("details", None)
+        return data
 
 
 class ErrorResponse(BaseModel):
@@ -46,11 +56,16 @@ class ErrorResponse(BaseModel):
 
 
 def error_body(
-    error_type: ErrorType, message: str, request_id: str | None = None
+    error_type: ErrorType,
+    message: str,
+    request_id: str | None = None,
+    *,
+    details: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The JSON-ready error envelope."""
     envelope = ErrorResponse(
-        error=ErrorDetail(type=error_type, message=message), request_id=request_id
+        error=ErrorDetail(type=error_type, message=message, details=details),
+        request_id=request_id,
     )
     return envelope.model_dump(exclude_none=True)
 

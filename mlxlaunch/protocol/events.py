@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Discriminator
+from pydantic import BaseModel, Discriminator, Field
 
 from mlxlaunch.protocol.errors import ErrorDetail
 from mlxlaunch.protocol.responses import Message, ResponseContentBlock, StopReason, Usage
+from mlxlaunch.protocol.safeguards import SafeguardResult
 
 
 class TextDeltaPart(BaseModel):
@@ -65,6 +66,10 @@ class ContentBlockStopEvent(BaseModel):
 class MessageDeltaBody(BaseModel):
     stop_reason: StopReason | None = None
     stop_sequence: str | None = None
+    # The safety check's verdicts (protocol/safeguards.py); left out unless asked for.
+    safeguard_results: list[SafeguardResult] | None = Field(
+        default=None, exclude_if=lambda value: value is None
+    )
 
 
 class MessageDeltaEvent(BaseModel):

@@ -6,13 +6,18 @@ sends (measured: ~100 tools, a few hundred messages, schemas nested < 15 deep, m
 ≤ 64k), and each violation is a 400 `invalid_request_error` that names the field.
 
 The body size limit (32 MiB, the Anthropic API's own) is enforced by the HTTP layer as bytes
-arrive; this module only bounds the shape of what was sent.
+arrive; this module only bounds the shape of what was sent, and parses a large body in pieces
+(`load_request_json`) so that no single call holds the GIL for long.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
+import math
 import re
+from json.decoder import scanstring  # type: ignore[attr-defined]
+from json.scanner import NUMBER_RE
 from typing import Any
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -25,6 +30,11 @@ MAX_STOP_SEQUENCE_CHARS = 1_000  # the parser holds back this many characters of
 MAX_NAME_CHARS = 256  # model ids, tool names, tool_use ids
 MAX_OUTPUT_TOKENS = 1 << 20  # max_tokens and budget_tokens; the engine clamps to the window
 MAX_TOP_K = 1_000
+
+# Bodies above this are parsed in pieces: json.loads holds the GIL throughout, ~6 ms a MiB (a
+# 32 MiB body stopped the event loop for 200 ms); below it, it is the faster way.
+LARGE_BODY_BYTES = 4 * 1024 * 1024
+JSON_PIECE_CHARS = 1 << 18  # what one C call of the piecewise parse reads: ~1-2 ms
 
 _URL_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:/")
 _WINDOWS_DRIVE = re.compile(r"^[A-Za-z]:")
@@ -72,9 +82,15 @@ def load_request_json(raw: bytes, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
     Raises json.JSONDecodeError / UnicodeDecodeError for bad JSON and RequestLimitError for
     too-deep input (including input so deep that the parser itself gives up) and for values
     Python will not convert (an integer literal over `sys.get_int_max_str_digits()` digits).
+    A body over LARGE_BODY_BYTES is parsed in pieces (`PiecewiseJson`): the same value, but
+    other threads (the event loop) run between pieces.
     """
     try:
+        if len(raw) > LARGE_BODY_BYTES:
+            return PiecewiseJson(decoded_body(raw), max_depth).document()
         value = json.loads(raw)
+    except RequestLimitError:
+        raise
     except RecursionError as exc:
         raise RequestLimitError(
             f"request body is nested too deeply (more than {max_depth} levels)"
@@ -87,6 +103,203 @@ def load_request_json(raw: bytes, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
     if depth > max_depth:
         raise RequestLimitError(f"request body is nested too deeply (more than {max_depth} levels)")
     return value
+
+
+def decoded_body(raw: bytes, piece_bytes: int = 1 << 20) -> str:
+    """`raw` as json.loads decodes bytes (its detected encoding, surrogates passed), a piece
+    at a time (decoding 32 MiB at once held the GIL 60 ms)."""
+    decoder = codecs.getincrementaldecoder(json.detect_encoding(raw))("surrogatepass")
+    view = memoryview(raw)
+    parts = [decoder.decode(view[i : i + piece_bytes]) for i in range(0, len(raw), piece_bytes)]
+    parts.append(decoder.decode(b"", final=True))
+    return "".join(parts)
+
+
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+_CONSTANTS: tuple[tuple[str, Any], ...] = (
+    ("null", None),
+    ("true", True),
+    ("false", False),
+    ("NaN", math.nan),
+    ("Infinity", math.inf),
+    ("-Infinity", -math.inf),
+)
+_NUMBER_CHARS = 1 << 16
+_HIGH_SURROGATE = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}")
+_LOW_SURROGATE = re.compile(r"\\u[dD][c-fC-F][0-9a-fA-F]{2}")
+
+
+class PiecewiseJson:
+    """Parses one JSON document as json.loads does (same values, same errors, NaN and
+    Infinity accepted), in calls that each read at most about `piece` characters: a string
+    literal of megabytes is decoded a piece at a time, cut where no escape is split.
+
+    Containers are walked in Python, so this is slower than json.loads (~3x on many small
+    values), but the GIL changes hands between calls. Nesting beyond `max_depth` raises
+    RequestLimitError as soon as it is reached."""
+
+    def __init__(self, text: str, max_depth: int, piece: int = JSON_PIECE_CHARS) -> None:
+        self.text = text
+        self.max_depth = max_depth
+        self.piece = piece
+
+    def document(self) -> Any:
+        value, end = self._value(self._skip(0), 0)
+        end = self._skip(end)
+        if end != len(self.text):
+            raise json.JSONDecodeError("Extra data", self.text, end)
+        return value
+
+    def _skip(self, idx: int) -> int:
+        """The index of the first non-whitespace character at or after `idx`."""
+        while True:
+            stop = idx + self.piece
+            end = _WHITESPACE.match(self.text, idx, stop).end()  # type: ignore[union-attr]
+            if end < stop or end >= len(self.text):
+                return end
+            idx = end
+
+    def _value(self, idx: int, depth: int) -> tuple[Any, int]:
+        s = self.text
+        char = s[idx : idx + 1]
+        if char == '"':
+            return self._string(idx + 1)
+        if char == "{":
+            return self._object(idx + 1, depth + 1)
+        if char == "[":
+            return self._array(idx + 1, depth + 1)
+        for word, constant in _CONSTANTS[:3]:
+            if s.startswith(word, idx):
+                return constant, idx + len(word)
+        number = NUMBER_RE.match(s, idx, idx + _NUMBER_CHARS)
+        if number is not None:
+            if number.end() - idx >= _NUMBER_CHARS:  # Python holds no such int; nobody sends it
+                raise ValueError(f"a number literal of {_NUMBER_CHARS} characters or more")
+            integer, fraction, exponent = number.groups()
+            if fraction or exponent:
+                return float(integer + (fraction or "") + (exponent or "")), number.end()
+            return int(integer), number.end()
+        for word, constant in _CONSTANTS[3:]:
+            if s.startswith(word, idx):
+                return constant, idx + len(word)
+        raise json.JSONDecodeError("Expecting value", s, idx)
+
+    def _enter(self, depth: int) -> None:
+        if depth > self.max_depth:
+            raise RequestLimitError(
+                f"request body is nested too deeply (more than {self.max_depth} levels)"
+            )
+
+    def _object(self, idx: int, depth: int) -> tuple[dict[str, Any], int]:
+        self._enter(depth)
+        s = self.text
+        result: dict[str, Any] = {}
+        idx = self._skip(idx)
+        if s[idx : idx + 1] == "}":
+            return result, idx + 1
+        while True:
+            if s[idx : idx + 1] != '"':
+                raise json.JSONDecodeError(
+                    "Expecting property name enclosed in double quotes", s, idx
+                )
+            key, idx = self._string(idx + 1)
+            idx = self._skip(idx)
+            if s[idx : idx + 1] != ":":
+                raise json.JSONDecodeError("Expecting ':' delimiter", s, idx)
+            result[key], idx = self._value(self._skip(idx + 1), depth)
+            idx = self._skip(idx)
+            char = s[idx : idx + 1]
+            if char == "}":
+                return result, idx + 1
+            if char != ",":
+                raise json.JSONDecodeError("Expecting ',' delimiter", s, idx)
+            idx = self._skip(idx + 1)
+
+    def _array(self, idx: int, depth: int) -> tuple[list[Any], int]:
+        self._enter(depth)
+        s = self.text
+        result: list[Any] = []
+        idx = self._skip(idx)
+        if s[idx : idx + 1] == "]":
+            return result, idx + 1
+        while True:
+            value, idx = self._value(idx, depth)
+            result.append(value)
+            idx = self._skip(idx)
+            char = s[idx : idx + 1]
+            if char == "]":
+                return result, idx + 1
+            if char != ",":
+                raise json.JSONDecodeError("Expecting ',' delimiter", s, idx)
+            idx = self._skip(idx + 1)
+
+    def _string(self, idx: int) -> tuple[str, int]:
+        """The string literal whose content starts at `idx`, and the index past its quote."""
+        s = self.text
+        end = self._terminator(idx)
+        if end is not None:  # the common case: a short literal, read in place
+            return scanstring(s, idx, True)
+        parts: list[str] = []
+        start = idx
+        while True:
+            window = s[start : start + self.piece]
+            try:
+                value, end = scanstring(window, 0, True)
+            except json.JSONDecodeError as exc:
+                unterminated = exc.msg.startswith("Unterminated string")
+                at_cut = unterminated or exc.pos >= len(window) - 16
+                if start + len(window) >= len(s) or not at_cut:  # an error of the document's
+                    raise json.JSONDecodeError(
+                        exc.msg, s, idx - 1 if unterminated else start + exc.pos
+                    ) from None
+                cut = self._cut(start, start + len(window) - 16)
+                if cut is None:  # no escape-free place to cut: read the rest in one call
+                    value, end = scanstring(s, start, True)
+                    parts.append(value)
+                    return "".join(parts), end
+                parts.append(self._part(start, cut))
+                start = cut
+                continue
+            parts.append(value)
+            return "".join(parts), start + end
+
+    def _terminator(self, idx: int, tries: int = 64) -> int | None:
+        """The index of the quote that ends the literal starting at `idx`, where it is within
+        `piece` characters and found by looking at a few quotes; else None."""
+        s = self.text
+        stop = idx + self.piece
+        quote = s.find('"', idx, stop)
+        while quote >= 0 and tries > 0:
+            escapes = quote - 1
+            while escapes >= idx and s[escapes] == "\\":
+                escapes -= 1
+            if (quote - 1 - escapes) % 2 == 0:  # not itself escaped
+                return quote
+            tries -= 1
+            quote = s.find('"', quote + 1, stop)
+        return None
+
+    def _part(self, start: int, cut: int) -> str:
+        """The decoded content s[start:cut] of a string literal (no escape split at `cut`)."""
+        try:
+            return str(scanstring(self.text[start:cut] + '"', 0, True)[0])
+        except json.JSONDecodeError as exc:
+            raise json.JSONDecodeError(exc.msg, self.text, start + exc.pos) from None
+
+    def _cut(self, low: int, target: int) -> int | None:
+        """A place at or before `target` (after `low`, a place where decoding starts afresh)
+        where a string literal can be cut without splitting an escape or a surrogate pair:
+        no backslash in the 12 characters before it, or it starts an escape (a backslash
+        after a character that is none) other than the second half of a pair."""
+        s = self.text
+        for place in range(target, max(low, target - 4096), -1):
+            if s.find("\\", max(low, place - 12), place) < 0:
+                return place
+            if s[place] == "\\" and s[place - 1] != "\\":
+                pair = _LOW_SURROGATE.match(s, place) and _HIGH_SURROGATE.match(s, place - 6)
+                if not pair:
+                    return place
+        return None
 
 
 def json_depth(value: Any, *, stop_after: int | None = None) -> int:

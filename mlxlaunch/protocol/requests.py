@@ -26,6 +26,8 @@ from pydantic import (
 )
 
 from mlxlaunch.protocol import limits
+from mlxlaunch.protocol.safeguards import Safeguards
+from mlxlaunch.protocol.threads import MessageThread
 
 StrictPositiveInt = Annotated[int, Field(strict=True, ge=1)]
 NonEmptyStr = Annotated[str, Field(strict=True, min_length=1)]
@@ -272,6 +274,21 @@ StopSequence = Annotated[
     AfterValidator(_has_non_whitespace),
 ]
 
+# All stop sequences together: the parser compares each piece of output against every one, so
+# their total length is the per-token cost (256 × 1,000 characters: ~0.6 ms a token, in a loop
+# that serves every request). 64k is far above any real use (Claude Code sends none).
+MAX_STOP_SEQUENCES_TOTAL_CHARS = 65_536
+
+
+def _total_within_limit(stops: list[str]) -> list[str]:
+    total = sum(len(stop) for stop in stops)
+    if total > MAX_STOP_SEQUENCES_TOTAL_CHARS:
+        raise ValueError(
+            f"the stop sequences total {total} characters; at most "
+            f"{MAX_STOP_SEQUENCES_TOTAL_CHARS} are allowed"
+        )
+    return stops
+
 
 class MessagesRequest(CountTokensRequest):
     """Body of `POST /v1/messages`."""
@@ -279,8 +296,17 @@ class MessagesRequest(CountTokensRequest):
     max_tokens: TokenCount
     stream: Annotated[bool, Field(strict=True)] = False
     stop_sequences: (
-        Annotated[list[StopSequence], Field(max_length=limits.MAX_STOP_SEQUENCES)] | None
+        Annotated[
+            list[StopSequence],
+            Field(max_length=limits.MAX_STOP_SEQUENCES),
+            AfterValidator(_total_within_limit),
+        ]
+        | None
     ) = None
     temperature: Annotated[float, Field(strict=True, ge=0.0, le=1.0)] | None = None
     top_p: Annotated[float, Field(strict=True, ge=0.0, le=1.0)] | None = None
     top_k: Annotated[int, Field(strict=True, ge=0, le=limits.MAX_TOP_K)] | None = None
+    # The message-threads beta (protocol/threads.py): the server holds the conversation.
+    thread: MessageThread | None = None
+    # Claude Code's auto-mode safety check (protocol/safeguards.py, server/safeguards.py).
+    safeguards: Safeguards = None

@@ -9,6 +9,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Discriminator, Field
 
+from mlxlaunch.protocol.safeguards import SafeguardResult
+
 StopReason = Literal[
     "end_turn",
     "max_tokens",
@@ -63,6 +65,11 @@ class Message(BaseModel):
     stop_reason: StopReason | None = None
     stop_sequence: str | None = None
     usage: Usage = Field(default_factory=Usage)
+    # Non-streaming home of the safety check's verdicts (protocol/safeguards.py); left out
+    # unless the request asked for the check.
+    safeguard_results: list[SafeguardResult] | None = Field(
+        default=None, exclude_if=lambda value: value is None
+    )
 
 
 class CountTokensResponse(BaseModel):
@@ -74,6 +81,9 @@ class ModelEntry(BaseModel):
     type: Literal["model"] = "model"
     display_name: str
     created_at: str  # RFC 3339
+    # As Anthropic's Models API names them; None until the model is loaded.
+    max_input_tokens: int | None = None  # the context window, prompt and output together
+    max_tokens: int | None = None  # the most output one request may ask for
 
 
 class ModelList(BaseModel):

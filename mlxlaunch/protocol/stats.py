@@ -7,7 +7,8 @@ Readers are lenient on purpose: unknown fields are ignored and missing ones read
 empty, so a dashboard and a server of neighbouring versions still talk (`version` says which
 shape the server meant). The tests validate the server's output with `extra="forbid"` and check
 that it sends every field. Nothing here names a filesystem path, and other clients' prompt text
-(`CacheMiss.excerpts`) is sent only by a server started to share it.
+(`CacheMiss.excerpts`) is sent only by a server started with `--debug-cache`; a miss otherwise
+says where it happened and carries digests of the text on each side (`CacheMiss.digests`).
 """
 
 from __future__ import annotations
@@ -72,6 +73,19 @@ class RecentRequest(_Wire):
     outcome: str = ""  # a stop reason, "cancelled" or "failed"
 
 
+class MissDigests(_Wire):
+    """Hashes (8 hex digits) of the tokens on each side of a cache miss's divergence.
+
+    Equal digests, equal tokens: two misses at the same text (a timestamp that changes every
+    turn) can be told from different ones without the text. They are keyed by the server
+    process, so they compare only within one server's life and confirm no guessed text.
+    """
+
+    before: str = ""  # the shared tokens just before the divergence
+    cached: str = ""  # the earlier prompt's tokens from the divergence on
+    request: str = ""  # this request's tokens from the divergence on
+
+
 class MissExcerpts(_Wire):
     """Prompt text on each side of a cache miss's divergence (a client's own words)."""
 
@@ -89,7 +103,8 @@ class CacheMiss(_Wire):
     request_tokens: int = 0
     nearest_tokens: int = 0  # length of the nearest earlier prompt
     cached_tokens: int = 0  # what the request did reuse
-    excerpts: MissExcerpts | None = None  # None unless the server shares prompt text
+    digests: MissDigests = Field(default_factory=MissDigests)
+    excerpts: MissExcerpts | None = None  # None unless the server runs with --debug-cache
 
 
 class CacheFigures(_Wire):

@@ -13,8 +13,10 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import partial
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -38,7 +40,12 @@ from mlxlaunch.engine.types import (
 )
 from mlxlaunch.protocol.errors import describe_validation_error, error_body
 from mlxlaunch.protocol.events import ErrorEvent, PingEvent
-from mlxlaunch.protocol.limits import RequestLimitError, load_request_json, plain_model_id
+from mlxlaunch.protocol.limits import (
+    LARGE_BODY_BYTES,
+    RequestLimitError,
+    load_request_json,
+    plain_model_id,
+)
 from mlxlaunch.protocol.requests import CountTokensRequest, MessagesRequest
 from mlxlaunch.protocol.responses import CountTokensResponse, ModelEntry, ModelList
 from mlxlaunch.protocol.sse import encode_event
@@ -47,6 +54,12 @@ from mlxlaunch.server.errors import ApiError, engine_error, error_response
 from mlxlaunch.server.guards import HttpLimits, RequestGuard
 from mlxlaunch.server.mapping import shows_thinking, to_generation_request
 from mlxlaunch.server.request_ids import RequestIds
+from mlxlaunch.server.safeguards import (
+    SAFEGUARDS_MIN_PARAMETERS,
+    PendingCheck,
+    SafetyCheck,
+    SafetyCheckSettings,
+)
 from mlxlaunch.server.stats_routes import stats_routes
 from mlxlaunch.server.streaming import (
     CACHED_TOKENS_HEADER,
@@ -55,6 +68,7 @@ from mlxlaunch.server.streaming import (
     _End,
     cache_headers,
 )
+from mlxlaunch.server.threads import ThreadLimits, ThreadStore, ThreadTurn
 
 log = logging.getLogger("mlxlaunch.server")
 
@@ -104,16 +118,26 @@ class ServerSettings:
     limits: HttpLimits = field(default_factory=HttpLimits)
     # The id /v1/models lists (what the user called the model); None: one made from its path.
     model_id: str | None = None
-    # Cache-miss prompt excerpts in /v1/stats: other clients' prompt text, so off by default.
-    # TODO(issue 16): an explicit `mlx serve` / `mlx launch` flag to turn this on (cli/serve.py
-    # and launch/ are being reworked; until then only code that builds ServerSettings can).
+    # Cache-miss prompt excerpts in /v1/stats: other clients' prompt text, so off by default;
+    # `--debug-cache` turns it on (launch/serving.py), with the engine's EngineConfig.debug_cache.
     stats_prompt_excerpts: bool = False
+    # Message threads (server/threads.py): their budget, and where they are kept across
+    # restarts (None: memory only; `serving_settings` puts them beside the disk KV cache).
+    thread_limits: ThreadLimits = field(default_factory=ThreadLimits)
+    threads_dir: Path | None = None
+    # Claude Code's auto-mode safety check, judged by the loaded model (server/safeguards.py);
+    # False (`--no-safeguards`), or a model under the minimum size, answers "unavailable".
+    safeguards: bool = True
+    safeguards_min_parameters: int = SAFEGUARDS_MIN_PARAMETERS
 
 
 async def parse_body(request: Request, model: type[ModelT]) -> ModelT:
     """Read and validate a JSON body; any problem is a 400 naming the field."""
     try:
-        return validate_body(await request.body(), model)
+        raw = await request.body()
+        if len(raw) > LARGE_BODY_BYTES:  # parsed in pieces off the loop: /health stays live
+            return await asyncio.to_thread(validate_body, raw, model)
+        return validate_body(raw, model)
     except ApiError as exc:
         # Refused before it got a message id: still one log line, so a client's rejected
         # request shows in the server log (a Claude Code release adding a field we refuse).
@@ -146,16 +170,45 @@ class MessagesApi:
     def __init__(self, engine: ServingEngine, settings: ServerSettings) -> None:
         self.engine = engine
         self.settings = settings
+        self.threads = ThreadStore(settings.thread_limits, settings.threads_dir)
+        self.safety = SafetyCheck(
+            engine,
+            SafetyCheckSettings(
+                enabled=settings.safeguards, min_parameters=settings.safeguards_min_parameters
+            ),
+        )
         self.created_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
     # --- routes ----------------------------------------------------------------------------
 
     async def messages(self, request: Request) -> Response:
-        body = await parse_body(request, MessagesRequest)
+        body, turn = self.threads.open(await parse_body(request, MessagesRequest))
+        try:
+            return await self._messages(request, body, turn)
+        finally:
+            if turn is not None and not body.stream:
+                self.threads.release(turn)  # kept by now if it finished (a no-op then)
+
+    async def _messages(
+        self, request: Request, body: MessagesRequest, turn: ThreadTurn | None
+    ) -> Response:
         message_id = new_message_id()
-        gen = to_generation_request(
-            body, request_id=message_id, accepts_images=self._accepts_images()
-        )
+        try:
+            # Off the event loop: a body of many messages takes seconds to map.
+            gen = await asyncio.to_thread(
+                partial(
+                    to_generation_request,
+                    body,
+                    request_id=message_id,
+                    accepts_images=self._accepts_images(),
+                )
+            )
+        except BaseException:
+            if turn is not None:
+                self.threads.release(turn)
+            raise
+        if turn is not None:  # its next turn continues this conversation: keep its KV
+            gen = replace(gen, pin_prefix_s=self.threads.pin_s)
         blocks = ContentBlockStream(
             message_id=message_id,
             model=body.model,
@@ -163,18 +216,21 @@ class MessagesApi:
             timings=request.headers.get(TIMINGS_HEADER) == "1",
         )
         record = RequestLog(message_id, body.model, time.monotonic())
+        check = self.safety.for_request(body)
         try:
             pump = EventPump(self.engine.submit(gen))
             # Non-streaming answers carry errors as statuses at any time: no need to wait here.
             wait = self.settings.admission_grace_s if body.stream else 0.0
             first = await pump.next(wait)
         except Exception as exc:
+            if turn is not None:
+                self.threads.release(turn)
             error = engine_error(exc)
             record.finish(error.status)
             raise error from exc
         if body.stream:
             return TrailingStreamingResponse(
-                self._stream(pump, first, blocks, record),
+                self._stream(pump, first, blocks, record, turn, check),
                 media_type="text/event-stream",
                 headers={
                     "cache-control": "no-cache",
@@ -185,14 +241,15 @@ class MessagesApi:
                 trailers=lambda: cached_trailer(blocks),
                 trailer_names=(CACHED_TOKENS_HEADER,),
             )
-        return await self._complete(request, pump, first, blocks, record)
+        return await self._complete(request, pump, first, blocks, record, turn, check)
 
     async def count_tokens(self, request: Request) -> Response:
         body = await parse_body(request, CountTokensRequest)
         try:
-            count = await self.engine.count_tokens(
-                to_generation_request(body, accepts_images=self._accepts_images())
+            gen = await asyncio.to_thread(
+                partial(to_generation_request, body, accepts_images=self._accepts_images())
             )
+            count = await self.engine.count_tokens(gen)
         except Exception as exc:
             raise engine_error(exc) from exc
         return JSONResponse(CountTokensResponse(input_tokens=count).model_dump())
@@ -221,6 +278,8 @@ class MessagesApi:
         event: EngineEvent | _End | None,
         blocks: ContentBlockStream,
         record: RequestLog,
+        turn: ThreadTurn | None = None,
+        check: PendingCheck | None = None,
     ) -> Response:
         """Non-streaming: run the same state machine, answer with the message it built."""
         # Nothing is sent until the end, so only the receive side tells that the client left.
@@ -245,7 +304,12 @@ class MessagesApi:
         finally:
             watcher.cancel()
             await pump.aclose()
-        record.finish(499 if watcher.done() and not watcher.cancelled() else 200)
+        left = watcher.done() and not watcher.cancelled()
+        if check is not None and not left:
+            await check.attach([], blocks.message)
+        record.finish(499 if left else 200)
+        if turn is not None and not left:
+            await asyncio.to_thread(self.threads.keep, turn, blocks.message)
         # serialize_as_any: keeps the opt-in `usage.mlx_timings` (a Usage subclass) in the body.
         body = blocks.message.model_dump(mode="json", serialize_as_any=True)
         return JSONResponse(body, headers=headers)
@@ -265,8 +329,13 @@ class MessagesApi:
         event: EngineEvent | _End | None,
         blocks: ContentBlockStream,
         record: RequestLog,
+        turn: ThreadTurn | None = None,
+        check: PendingCheck | None = None,
     ) -> AsyncIterator[bytes]:
-        """Streaming: SSE frames in PROTOCOL.md order, with pings during silence."""
+        """Streaming: SSE frames in PROTOCOL.md order, with pings during silence.
+
+        A threaded turn's reply is kept before its last frames go out, so a client that
+        continues the moment it reads `message_stop` finds it."""
         heartbeat = self.settings.heartbeat_s
         last_sent = time.monotonic()
         status = 200
@@ -274,8 +343,17 @@ class MessagesApi:
             while not isinstance(event, _End):
                 if event is not None:
                     record.observe(event)
-                    for block_event in blocks.feed(event):
-                        yield encode_event(block_event)
+                    block_events = blocks.feed(event)
+                    if blocks.finished and check is not None:  # verdicts ride on message_delta
+                        async for ping in check.attach_with_pings(
+                            block_events, blocks.message, heartbeat
+                        ):
+                            yield ping
+                    frames = [encode_event(block_event) for block_event in block_events]
+                    if blocks.finished and turn is not None:
+                        await asyncio.to_thread(self.threads.keep, turn, blocks.message)
+                    for frame in frames:
+                        yield frame
                         last_sent = time.monotonic()
                 if blocks.finished:
                     break
@@ -295,6 +373,8 @@ class MessagesApi:
                 ErrorEvent.model_validate(error_body(error.error_type, error.message))
             )
         finally:
+            if turn is not None:
+                self.threads.release(turn)  # a no-op once kept
             if not blocks.finished:
                 self.engine.cancel(blocks.message.id)
                 status = status if status != 200 else 499  # client went away
@@ -316,7 +396,16 @@ class MessagesApi:
         return self.settings.model_id or plain_model_id(info.id)
 
     def _model_entry(self, model_id: str) -> ModelEntry:
-        return ModelEntry(id=model_id, display_name=model_id, created_at=self.created_at)
+        # The window lets a client such as `mlx launch claude --print-env --url` size itself.
+        info = self.engine.model_info
+        window = info.context_window if info is not None else None
+        return ModelEntry(
+            id=model_id,
+            display_name=model_id,
+            created_at=self.created_at,
+            max_input_tokens=window,
+            max_tokens=window,
+        )
 
 
 def cached_trailer(blocks: ContentBlockStream) -> dict[str, str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.responses import JSONResponse
 
@@ -35,18 +36,22 @@ class ApiError(Exception):
         *,
         status: int | None = None,
         headers: dict[str, str] | None = None,
+        details: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.error_type = error_type
         self.message = message
         self.status = status or status_for(error_type)
         self.headers = headers or {}
+        self.details = details
 
 
 def error_response(exc: ApiError) -> JSONResponse:
     """The one place an error becomes an HTTP response."""
     return JSONResponse(
-        error_body(exc.error_type, exc.message), status_code=exc.status, headers=exc.headers
+        error_body(exc.error_type, exc.message, details=exc.details),
+        status_code=exc.status,
+        headers=exc.headers,
     )
 
 

@@ -10,8 +10,10 @@ middleware that runs before routing and auth:
   allow-list (empty by default) gets 403, and no CORS headers are sent unless allowed. Claude
   Code, the SDKs and `mlx dash` are not browsers and send no Origin.
 - Size and time: header count, a body limit counted as bytes arrive (a declared
-  Content-Length over it is refused before any body is read), and a deadline for each piece
-  of a slow upload.
+  Content-Length over it is refused before any body is read), a deadline for each piece
+  of a slow upload, and a minimum average rate for the whole body: a piece every 20 s beat
+  the per-piece deadline forever, holding a connection the connection roster may not close
+  (connections.py: one with a request in flight is never closed to make room).
 
 `check_exposure` refuses to listen beyond loopback unless asked to, and never without a token.
 """
@@ -22,7 +24,8 @@ import asyncio
 import ipaddress
 import json
 import socket
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -46,8 +49,15 @@ class HttpLimits:
             it is refused by uvicorn's parser with a plain 400).
         header_timeout_s: longest time from connecting to a complete request head.
         body_timeout_s: longest wait for the next piece of a request body; 408 after it.
-        max_connections: open connections + requests before uvicorn answers 503 (last resort;
-            the engine's own admission answers 429 long before this).
+        min_body_rate: bytes per second a body must average once `body_timeout_s` has
+            passed: byte n is due `body_timeout_s + n / min_body_rate` after the head; 408
+            after it (0: no such deadline). The default, 256 KiB/s, lets a 32 MiB body take
+            over two minutes; over loopback one arrives in a fraction of a second.
+        max_connections: most open connections; at it, a newcomer closes the longest-idle
+            one, and is answered 529 only when every connection is serving a request
+            (server/connections.py). The engine's own admission answers 429 long before.
+        max_connections_per_peer: most open connections of one remote address (IPv6: one
+            /64); loopback clients, who all share 127.0.0.1, are not held to it.
     """
 
     max_body_bytes: int = MAX_BODY_BYTES
@@ -55,7 +65,9 @@ class HttpLimits:
     max_header_bytes: int = 64 * 1024
     header_timeout_s: float = 30.0
     body_timeout_s: float = 30.0
+    min_body_rate: float = 256 * 1024
     max_connections: int = 512
+    max_connections_per_peer: int = 64
 
 
 # --- exposure ------------------------------------------------------------------------------
@@ -204,10 +216,18 @@ class _BodyWatch:
     reading), its own answer is dropped, and the guard sends the refusal instead.
     """
 
-    def __init__(self, receive: Receive, send: Send, limits: HttpLimits) -> None:
+    def __init__(
+        self,
+        receive: Receive,
+        send: Send,
+        limits: HttpLimits,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._receive = receive
         self._send = send
         self._limits = limits
+        self._clock = clock
+        self._started = clock()  # the head has arrived: the body's time starts now
         self.received = 0
         self.body_done = False
         self.response_started = False
@@ -219,14 +239,14 @@ class _BodyWatch:
             return await self._receive()
         if self.refusal is not None:
             return {"type": "http.disconnect"}
+        wait = self._limits.body_timeout_s
+        due_in = self._due() - self._clock()
         try:
-            message = await asyncio.wait_for(self._receive(), self._limits.body_timeout_s)
+            if due_in <= 0:
+                raise TimeoutError
+            message = await asyncio.wait_for(self._receive(), min(wait, due_in))
         except TimeoutError:
-            self.refusal = _refusal(
-                "timeout_error",
-                f"request body stalled: nothing received for {self._limits.body_timeout_s:g} s",
-                408,
-            )
+            self.refusal = _refusal("timeout_error", self._too_slow(wait, due_in), 408)
             return {"type": "http.disconnect"}
         if message["type"] != "http.request":
             self.body_done = True
@@ -238,6 +258,24 @@ class _BodyWatch:
         if not message.get("more_body", False):
             self.body_done = True
         return message
+
+    def _due(self) -> float:
+        """When the next byte is due at the minimum average rate (infinity: no such rate)."""
+        rate = self._limits.min_body_rate
+        if rate <= 0:
+            return float("inf")
+        return self._started + self._limits.body_timeout_s + self.received / rate
+
+    def _too_slow(self, wait: float, due_in: float) -> str:
+        if wait <= due_in or self.received == 0:  # (with nothing received, both coincide)
+            return f"request body stalled: nothing received for {wait:g} s"
+        elapsed = self._clock() - self._started
+        rate = self._limits.min_body_rate
+        return (
+            f"request body arrived too slowly: {self.received} bytes in {elapsed:.0f} s "
+            f"(after the first {self._limits.body_timeout_s:g} s a body must average at "
+            f"least {rate / 1024:g} KiB/s)"
+        )
 
     async def send(self, message: Message) -> None:
         if self.refusal is not None:

@@ -20,7 +20,11 @@ import uvicorn
 
 from mlxlaunch.errors import ConfigError
 from mlxlaunch.server.app import ServerSettings, ServingEngine, build_app
-from mlxlaunch.server.connections import head_deadline_protocol
+from mlxlaunch.server.connections import (
+    ConnectionRoster,
+    connection_capacity,
+    connection_protocol,
+)
 from mlxlaunch.server.drain import Drain
 from mlxlaunch.server.guards import check_exposure
 from mlxlaunch.server.stats_routes import close_streams
@@ -43,6 +47,7 @@ class ServerHandle:
     _socket: socket.socket
     _engine: object
     _drain: Drain
+    connections: ConnectionRoster  # who holds the connections (server/connections.py)
 
     @property
     def url(self) -> str:
@@ -135,6 +140,11 @@ def start_server(
         settings.host, auth_token=settings.auth_token, allow_remote=settings.allow_remote
     )
     limits = settings.limits
+    # Connections are admitted by the roster (server/connections.py), not by uvicorn's
+    # `limit_concurrency`, which answered everyone a plain 503 once idle sockets filled it.
+    roster = ConnectionRoster(
+        connection_capacity(limits.max_connections), limits.max_connections_per_peer
+    )
     sock = bind_socket(settings.host, settings.port)
     drain = Drain(build_app(engine, settings))
     config = uvicorn.Config(
@@ -147,9 +157,9 @@ def start_server(
         # `ping` frames keep streams alive; idle keep-alive connections may linger a while.
         timeout_keep_alive=75,
         # Bounds on what a client can hold (server/guards.py has the per-request ones).
-        http=head_deadline_protocol(limits.header_timeout_s),
+        http=connection_protocol(roster, header_timeout_s=limits.header_timeout_s),
+        ws="none",  # no WebSocket routes: an upgrade would leave the roster's protocol
         h11_max_incomplete_event_size=limits.max_header_bytes,
-        limit_concurrency=limits.max_connections,
         server_header=False,
     )
     server = uvicorn.Server(config)
@@ -173,4 +183,5 @@ def start_server(
         _socket=sock,
         _engine=engine,
         _drain=drain,
+        connections=roster,
     )

@@ -123,7 +123,8 @@ def stats_routes(
         engine: the engine whose `stats()` they report.
         guard: wraps each handler (auth, error envelope).
         model_id: the name the model is listed under (None: its path's last part).
-        excerpts: share cache-miss prompt excerpts (other clients' prompt text).
+        excerpts: share cache-miss prompt excerpts (other clients' prompt text) when the
+            engine kept them (`EngineConfig.debug_cache`).
         interval_s: seconds between two events of the stream.
     """
     reader = StatsReader(engine, model_id=model_id, excerpts=excerpts)

@@ -4,8 +4,9 @@
 The engine room knows nothing of wire types (DESIGN.md), so the mapping lives here, field by
 field: a field added on either side without the other fails tests/test_stats_wire.py. Two
 things are left out on purpose: the model's filesystem path (clients see the name they may
-send back, as /v1/models lists it) and other clients' prompt text in cache-miss excerpts,
-unless the server was started to share them (`ServerSettings.stats_prompt_excerpts`).
+send back, as /v1/models lists it) and other clients' prompt text in cache-miss excerpts. The
+excerpts pass only when both ends agree to it: the engine kept them (`EngineConfig.debug_cache`)
+and the server shares them (`ServerSettings.stats_prompt_excerpts`); `--debug-cache` sets both.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from mlxlaunch.protocol.stats import (
     CacheFigures,
     CacheMiss,
     MemoryFigures,
+    MissDigests,
     MissExcerpts,
     ModelStatus,
     RecentRequest,
@@ -43,7 +45,8 @@ def stats_snapshot(
         now: wall clock for `time` and `uptime_s`.
         started_at: when the server started (wall clock).
         model_id: the name the server lists the model under (None: the path's last part).
-        excerpts: include the prompt text around a cache miss (other clients' words).
+        excerpts: include the prompt text around a cache miss (other clients' words) when
+            the engine kept it.
     """
     c, cache = stats.counters, stats.cache
     name = None if stats.model is None else model_id or plain_model_id(stats.model)
@@ -113,6 +116,7 @@ def _last_miss(cache: EngineCacheFigures, excerpts: bool) -> CacheMiss | None:
     report = cache.last_miss
     if report is None:
         return None
+    text = report.excerpts if excerpts else None
     return CacheMiss(
         request_id=report.request_id,
         kind=report.kind,
@@ -120,13 +124,14 @@ def _last_miss(cache: EngineCacheFigures, excerpts: bool) -> CacheMiss | None:
         request_tokens=report.request_tokens,
         nearest_tokens=report.nearest_tokens,
         cached_tokens=report.cached_tokens,
-        excerpts=MissExcerpts(
-            before=report.excerpt_before,
-            cached=report.excerpt_cached,
-            request=report.excerpt_request,
-        )
-        if excerpts
-        else None,
+        digests=MissDigests(
+            before=report.digests.before,
+            cached=report.digests.cached,
+            request=report.digests.request,
+        ),
+        excerpts=None
+        if text is None
+        else MissExcerpts(before=text.before, cached=text.cached, request=text.request),
     )
 
 

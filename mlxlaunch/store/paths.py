@@ -9,9 +9,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from mlxlaunch.home import mlxlaunch_home
+from mlxlaunch.home import mlxlaunch_home, private_dir
 
-__all__ = ["DEFAULT_ENDPOINT", "hub_cache_dir", "hub_endpoint", "mlxlaunch_home", "registry_path"]
+__all__ = [
+    "DEFAULT_ENDPOINT",
+    "hub_cache_dir",
+    "hub_endpoint",
+    "mlxlaunch_home",
+    "private_dir",
+    "registry_path",
+]
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mlxlaunch.store.paths import registry_path
+from mlxlaunch.store.paths import private_dir, registry_path
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -29,7 +29,7 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 def _save(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)  # the home: created 0700 whatever the umask
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".models-", suffix=".json")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=2, sort_keys=True)

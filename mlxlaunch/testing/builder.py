@@ -7,6 +7,7 @@ the same code as with a downloaded model, and speed depends only on the shapes c
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -16,6 +17,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.models import qwen3
 
+from mlxlaunch.home import shared_dir
 from mlxlaunch.testing.templates import TemplateFamily, real_template_family, template_family
 from mlxlaunch.testing.tokenizer import write_tokenizer
 
@@ -103,8 +105,8 @@ def build_model(
             f"unknown test model size {size!r} (known: {sorted(MODEL_SIZES)})"
         ) from None
     family = template if isinstance(template, TemplateFamily) else template_family(template)
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
+    path = shared_dir(Path(path))
+    existing = {entry.name for entry in path.iterdir()}
 
     tokenizer = write_tokenizer(path, family, BPE_VOCAB_SIZE, CONTEXT_WINDOW)
     stop_ids: list[int] = []
@@ -125,7 +127,20 @@ def build_model(
     }
     mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
     (path / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    _settle_modes(path, existing)
     return path
+
+
+MODEL_FILE_MODE = 0o644  # readable by all, writable by this user (like SHARED_DIR_MODE)
+
+
+def _settle_modes(path: Path, existing: set[str]) -> None:
+    """Give the files this build created 0644: mlx and tokenizers write with the umask's
+    mode, which under `umask 000` lets anyone rewrite the weights. Files that were there
+    before keep the mode their owner gave them."""
+    for entry in path.iterdir():
+        if entry.name not in existing and entry.is_file() and not entry.is_symlink():
+            os.chmod(entry, MODEL_FILE_MODE)
 
 
 # Real chat templates shipped with the package (copies of fixtures), for benchmarks.
@@ -138,10 +153,10 @@ def build_real_template_model(directory: Path, size: str, family: str) -> Path:
     source = resources.files("mlxlaunch.testing").joinpath(*REAL_TEMPLATES_DIR)
     # The facts file must lie next to the template: copied out, which also works when the
     # package is imported from a zip.
-    template_dir = directory / "template"
-    template_dir.mkdir(parents=True, exist_ok=True)
+    template_dir = shared_dir(directory / "template")
     for name in (f"{family}.jinja", f"{family}.tokens.json"):
         (template_dir / name).write_bytes(source.joinpath(name).read_bytes())
+        os.chmod(template_dir / name, MODEL_FILE_MODE)
     model_dir = directory / "model"
     build_model(model_dir, size, template=real_template_family(template_dir / f"{family}.jinja"))
     return model_dir

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import platformdirs
 
+from mlxlaunch.home import private_dir
+
 HOME_ENV = "MLXLAUNCH_HOME"
 
 DEMO_NOTICE = (
@@ -107,7 +109,7 @@ def ensure_test_model(name: str) -> Path:
     target = root / f"{name}-{builder_hash(recipe)}"
     if _is_complete(target):
         return target
-    root.mkdir(parents=True, exist_ok=True)
+    private_dir(root)  # the home and test-models: 0700 whatever the umask
     with open(root / f".{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:

@@ -16,6 +16,7 @@ that is handed a cache built from them never writes into them.
 from __future__ import annotations
 
 import heapq
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,9 @@ class _Node:
     nbytes: int = 0
     last_used: int = 0
     priority: int = 0  # evicted after every lower-priority block, whatever their ages
+    # Until this time (time.monotonic) the block ranks above every unpinned one: a message
+    # thread's conversation, whose next turn must find it (server/threads.py).
+    pinned_until: float = 0.0
     children: dict[tuple[int, ...], _Node] = field(default_factory=dict)
 
 
@@ -152,12 +156,19 @@ class BlockTrie:
 
     # --- storing ------------------------------------------------------------------------
 
-    def store(self, tokens: Sequence[int], caches: Sequence[KVCache], priority: int = 0) -> int:
+    def store(
+        self,
+        tokens: Sequence[int],
+        caches: Sequence[KVCache],
+        priority: int = 0,
+        pinned_until: float = 0.0,
+    ) -> int:
         """Keep the KV of `tokens` (caches hold at least that many positions); returns the
         number of new tokens stored. Blocks already present are only marked as used.
 
         Blocks on the path take at least `priority`: the main conversation stores with a
         higher one than side requests, so titles and subagents are evicted before it.
+        `pinned_until`: a time before which the path outranks every unpinned block.
         """
         n = min(len(tokens), *(c.offset for c in caches)) if caches else 0
         size = self.block_tokens
@@ -187,6 +198,7 @@ class BlockTrie:
                 added += len(block)
             child.last_used = self._tick
             child.priority = max(child.priority, priority)
+            child.pinned_until = max(child.pinned_until, pinned_until)
             node, pos = child, pos + len(block)
         if fresh:
             mx.eval(fresh)  # copy now: the batch's buffers must not stay referenced
@@ -211,7 +223,12 @@ class BlockTrie:
         budget = self.budget_bytes if budget_bytes is None else budget_bytes
         if self.nbytes <= budget:
             return
-        heap = [(leaf.priority, leaf.last_used, id(leaf), leaf) for leaf in self._leaves()]
+        now = time.monotonic()
+
+        def rank(node: _Node) -> tuple[bool, int, int, int, _Node]:
+            return (node.pinned_until > now, node.priority, node.last_used, id(node), node)
+
+        heap = [rank(leaf) for leaf in self._leaves()]
         heapq.heapify(heap)
         while heap and self.nbytes > budget:
             *_, leaf = heapq.heappop(heap)
@@ -219,7 +236,7 @@ class BlockTrie:
             self._remove(leaf)
             self.evictions += 1
             if parent is not None and parent is not self._root and not parent.children:
-                heapq.heappush(heap, (parent.priority, parent.last_used, id(parent), parent))
+                heapq.heappush(heap, rank(parent))
 
     def clear(self) -> None:
         """Forget everything."""

@@ -1,25 +1,37 @@
 """Why a request missed the prefix cache, and how much of what it could reuse it did reuse.
 
-The tracker remembers what the cache was last handed: each prompt at admission, replaced by
-prompt + output when its request ends (the cache keeps both). A new request is judged against
-the nearest of them (longest common prefix): `prefix_hit` when it reused all that sequence
-covered, `partial` when clearly less, `fresh` when nothing (see `classify`).
+Each request is judged against the nearest sequence the cache was handed; one that breaks from
+it gets a `MissRecord` (where, the lengths, digests of the tokens on each side), large losses
+are logged. No prompt text is kept unless the server runs with `--debug-cache`.
+
+What is remembered: each prompt at admission, replaced by prompt + output when its request ends
+(the cache keeps both). A new request is judged against the nearest of them (longest common
+prefix): `prefix_hit` when it reused all that sequence covered, `partial` when clearly less,
+`fresh` when nothing (see `classify`).
 
 A request that leaves its nearest sequence before that sequence's end — a changed system
 prompt, a reordered tool list, a timestamp in an early message, a template that drops the last
-turn's reasoning once the user speaks again — gets a `MissReport`: the position and a short
-excerpt of the text on each side, so a user can see what broke reuse. Large losses are logged.
+turn's reasoning once the user speaks again — gets a record, so a user can tell where reuse
+broke and whether it breaks at the same tokens every turn (equal digests). Records reach
+`/v1/stats`, which every client holding the token may read, and the server log; the nearest
+sequence is often another client's prompt, so by default they carry no text (issue 19: a miss
+showed "…password is hunter2…" to other clients). Excerpts (`EXCERPT_CHARS` on each side) are
+decoded only by a tracker made with `excerpts=True` (`EngineConfig.debug_cache`). The digests
+are keyed by a random per-process key: they compare within one server's life, and nobody can
+check a guessed text against them offline.
 
 The output matters: a generation prompt that opens a think block (`<think>\\n`) ends a few
 tokens into the reply the cache also holds, so a next turn that renders that reply differently
 loses the whole reply while looking, against the prompt alone, like a conversation moving on.
 
-Runs on the engine's MLX thread (it only touches numpy and the tokenizer's decode).
+Runs on the engine's MLX thread (it only touches numpy, hashlib and the tokenizer's decode).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import secrets
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
@@ -28,16 +40,18 @@ from typing import Literal
 
 import numpy as np
 
-from mlxlaunch.engine.types import MissReport
+from mlxlaunch.engine.stats import MissDigests, MissExcerpts, MissRecord
 
 CacheReuse = Literal["prefix_hit", "partial", "fresh"]
 
 # Sequences remembered for comparison.
 RECENT_PROMPTS = 16
-# Tokens decoded on each side of the divergence for the excerpts, then cut to EXCERPT_CHARS:
-# prompts can be megabytes and private, so neither stats nor the log carry more of them.
+# Tokens on each side of the divergence that a digest covers and, under --debug-cache, that
+# are decoded for the excerpts, then cut to EXCERPT_CHARS: prompts can be megabytes.
 EXCERPT_TOKENS = 24
 EXCERPT_CHARS = 80
+# A digest: 4 bytes, 8 hex digits; enough to tell a handful of misses apart.
+DIGEST_BYTES = 4
 # Divergence this close to the start means an unrelated prompt, not a broken prefix.
 MIN_SHARED_TOKENS = 16
 # Re-tokenising where a rendered turn meets the next one may shift a few tokens (a reply's
@@ -85,7 +99,7 @@ class ReuseJudgement:
     request_tokens: int
     cached_tokens: int
     covered_tokens: int
-    miss: MissReport | None = None
+    miss: MissRecord | None = None
 
     @property
     def lost_tokens(self) -> int:
@@ -97,24 +111,36 @@ class ReuseJudgement:
 
 
 class MissTracker:
-    """Remembers recent sequences the cache holds and explains requests that break from them."""
+    """Remembers recent sequences the cache holds and explains requests that break from them.
+
+    Args:
+        decode: token ids to text, for the excerpts (called only when `excerpts`).
+        keep: how many sequences to remember.
+        clock: monotonic clock for holding back repeated log lines.
+        excerpts: keep the prompt text around a miss in its record and log line (other
+            clients' words: only for a server started with `--debug-cache`).
+    """
 
     def __init__(
         self,
         decode: Decode,
         keep: int = RECENT_PROMPTS,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        excerpts: bool = False,
     ) -> None:
         self._decode = decode
         self._clock = clock
+        self.excerpts = excerpts
+        self._key = secrets.token_bytes(16)  # digests compare within this process only
         self._recent: deque[np.ndarray] = deque(maxlen=keep)
         self._logged: OrderedDict[tuple[object, ...], tuple[float, int]] = OrderedDict()
-        self.last: MissReport | None = None  # the latest miss, for stats
+        self.last: MissRecord | None = None  # the latest miss, for stats
         self.judged: ReuseJudgement | None = None  # the latest request observed
 
     def observe(
         self, tokens: Sequence[int] | np.ndarray, *, cached_tokens: int, request_id: str, kind: str
-    ) -> MissReport | None:
+    ) -> MissRecord | None:
         """Judge a new prompt against the remembered sequences, remember it, report a miss."""
         request = np.asarray(tokens, dtype=np.int64)
         nearest, shared = None, -1
@@ -168,26 +194,37 @@ class MissTracker:
         cached_tokens: int,
         request_id: str,
         kind: str,
-    ) -> MissReport:
-        return MissReport(
+    ) -> MissRecord:
+        before = nearest[max(0, shared - EXCERPT_TOKENS) : shared]
+        cached = nearest[shared : shared + EXCERPT_TOKENS]
+        ahead = request[shared : shared + EXCERPT_TOKENS]
+        excerpts = None
+        if self.excerpts:
+            excerpts = MissExcerpts(
+                before=self._text(before)[-EXCERPT_CHARS:],
+                cached=self._text(cached)[:EXCERPT_CHARS],
+                request=self._text(ahead)[:EXCERPT_CHARS],
+            )
+        return MissRecord(
             request_id=request_id,
             kind=kind,
             position=shared,
             request_tokens=len(request),
             nearest_tokens=len(nearest),
             cached_tokens=cached_tokens,
-            excerpt_before=self._text(nearest[max(0, shared - EXCERPT_TOKENS) : shared])[
-                -EXCERPT_CHARS:
-            ],
-            excerpt_cached=self._text(nearest[shared : shared + EXCERPT_TOKENS])[:EXCERPT_CHARS],
-            excerpt_request=self._text(request[shared : shared + EXCERPT_TOKENS])[:EXCERPT_CHARS],
+            digests=MissDigests(
+                before=self._digest(before),
+                cached=self._digest(cached),
+                request=self._digest(ahead),
+            ),
+            excerpts=excerpts,
         )
 
     def _log(self, judged: ReuseJudgement, kind: str) -> None:
         miss = judged.miss
         # Repeats: the same place of divergence (a timestamp that changes every turn).
         key: tuple[object, ...] = (
-            (kind, miss.position, miss.excerpt_before) if miss is not None else (kind, "shortfall")
+            (kind, miss.position, miss.digests.before) if miss is not None else (kind, "shortfall")
         )
         repeats = self._repeats(key)
         if repeats is None:
@@ -203,17 +240,15 @@ class MissTracker:
             f"{judged.lost_tokens} lost"
         )
         if miss is not None:
-            log.log(
-                level,
-                "%s: left its nearest earlier prompt at token %d; before %r, cached %r, "
-                "request %r%s",
-                head,
-                miss.position,
-                miss.excerpt_before,
-                miss.excerpt_cached,
-                miss.excerpt_request,
-                again,
+            d = miss.digests
+            where = (
+                f"left its nearest earlier prompt at token {miss.position} "
+                f"(before #{d.before}, cached #{d.cached}, request #{d.request})"
             )
+            if miss.excerpts is not None:  # --debug-cache: the text too, quoted on one line
+                e = miss.excerpts
+                where += f"; before {e.before!r}, cached {e.cached!r}, request {e.request!r}"
+            log.log(level, "%s: %s%s", head, where, again)
         else:
             log.log(
                 level,
@@ -236,6 +271,11 @@ class MissTracker:
         while len(self._logged) > MISS_LOG_KEYS:
             self._logged.popitem(last=False)
         return seen[1] if seen is not None else 0
+
+    def _digest(self, tokens: np.ndarray) -> str:
+        """The keyed digest of a token window (its ids, so nothing is decoded for it)."""
+        data = np.ascontiguousarray(tokens, dtype="<i8").tobytes()
+        return hashlib.blake2b(data, digest_size=DIGEST_BYTES, key=self._key).hexdigest()
 
     def _text(self, tokens: np.ndarray) -> str:
         try:

@@ -20,6 +20,7 @@ Every method runs on the engine's MLX thread.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,7 @@ import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxlaunch.engine.cache.blocks import DEFAULT_BLOCK_TOKENS, BlockTrie, is_block_cacheable
-from mlxlaunch.engine.cache.disk import DiskCache, EntryWriter, model_identity
+from mlxlaunch.engine.cache.disk import DiskCache, EntryWriter, open_disk_cache
 from mlxlaunch.engine.cache.misses import Decode, MissTracker
 from mlxlaunch.engine.cache.snapshots import SnapshotStore
 from mlxlaunch.engine.config import EngineConfig, default_cache_memory
@@ -87,9 +88,10 @@ class CacheSettings:
     Args:
         memory_bytes: in-memory budget (0 turns the cache off).
         disk_dir: where reused prefixes are saved (None: no disk tier).
-        disk_bytes: budget of the whole `disk_dir`.
+        disk_bytes: budget of this model's entries in `disk_dir`.
         block_tokens: tokens per trie block.
         restore: how many of the model's most recent disk entries a new process loads.
+        excerpts: keep prompt text in miss records and log lines (`--debug-cache`).
     """
 
     memory_bytes: int
@@ -97,6 +99,7 @@ class CacheSettings:
     disk_bytes: int = 0
     block_tokens: int = DEFAULT_BLOCK_TOKENS
     restore: int = 4
+    excerpts: bool = False
 
 
 @dataclass(frozen=True)
@@ -124,12 +127,8 @@ class PrefixCache:
         self.warning = SNAPSHOT_WARNING if self.exact else None
         self.disk: DiskCache | None = None
         if settings.disk_dir is not None and settings.disk_bytes > 0 and self.enabled:
-            identity = model_identity(model_path, [type(c).__name__ for c in template])
-            try:
-                self.disk = DiskCache(settings.disk_dir, identity, settings.disk_bytes)
-            except OSError as exc:
-                log.warning("prefix cache: disk tier off (%s)", exc)
-        self.misses = MissTracker(decode)
+            self.disk = open_disk_cache(settings.disk_dir, settings.disk_bytes, model, model_path)
+        self.misses = MissTracker(decode, excerpts=settings.excerpts)
         self._pending_saves: list[tuple[int, ...]] = []
         self._writer: EntryWriter | None = None  # the save under way (see save_step)
         self.lookups = 0
@@ -167,15 +166,28 @@ class PrefixCache:
         self._consider_saving(tokens[:found], ids[:found])
         return CachePlan(found, caches)
 
-    def retain(self, tokens: Sequence[int], caches: Sequence[Any], *, main: bool = False) -> None:
+    def retain(
+        self,
+        tokens: Sequence[int],
+        caches: Sequence[Any],
+        *,
+        main: bool = False,
+        pin_s: float = 0.0,
+    ) -> None:
         """Keep a finished (or prefilled) request's cache, which holds exactly `tokens`.
 
         `main`: the request belongs to the main conversation, whose prefix side requests
-        (titles, subagents, background calls) must not evict.
+        (titles, subagents, background calls) must not evict. `pin_s`: for this long the
+        prefix outranks everything unpinned (a message thread's next turn continues it; the
+        snapshot store of untrimmable models keeps its own order).
         """
         if not self.enabled or not tokens or not caches:
             return
         try:
+            if pin_s > 0 and isinstance(self.memory, BlockTrie):
+                pinned_until = time.monotonic() + pin_s
+                self.memory.store(tokens, caches, MAIN_PRIORITY if main else 0, pinned_until)
+                return
             self.memory.store(tokens, caches, MAIN_PRIORITY if main else 0)
         except Exception:  # a cache we cannot keep costs reuse, never the request
             log.exception("prefix cache: could not keep a request's cache")
@@ -344,4 +356,5 @@ def cache_settings(config: EngineConfig) -> CacheSettings:
         disk_bytes=config.cache_disk_bytes,
         block_tokens=config.cache_block_tokens,
         restore=config.cache_restore,
+        excerpts=config.debug_cache,
     )

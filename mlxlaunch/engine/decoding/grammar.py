@@ -17,14 +17,27 @@ feeds the grammar every token past what it has seen. Logits of tokens the gramma
 -inf; once the grammar is complete only end-of-sequence tokens remain allowed.
 
 Tool-call grammars live in `tool_grammar`; this module holds the machinery they share.
+
+Grammars are client input run on a shared server, so compilation is bounded and kept off the
+shared path: inputs are checked first (`schema_limits`), llguidance runs under `PARSER_LIMITS`,
+compilation and the first masks (where llguidance does its lazy, expensive lexer work) happen
+on the submitting request's thread, which holds no lock any other request needs (llguidance
+drops the GIL), and compiled grammars are remembered by text (`grammar_cache`). The worker then
+only ever advances a warmed copy. A grammar the engine cannot honour is a 400 at submit time;
+one that breaks mid-generation (an internal limit) ends its request with `ConstraintBroken`
+(see `GrammarLogitsProcessor.error`), never with output that silently left the grammar.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
-from dataclasses import dataclass
+import time
+from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import llguidance
@@ -35,8 +48,9 @@ import numpy as np
 import numpy.typing as npt
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from mlxlaunch.engine.decoding.grammar_cache import GrammarCache
 from mlxlaunch.engine.runtime.mlx_lm_internals import hf_tokenizer_of
-from mlxlaunch.engine.types import InvalidRequest
+from mlxlaunch.engine.types import GenerationFailed, InvalidRequest
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +67,91 @@ JSON_OPTIONS: dict[str, Any] = {
 _NEG_INF = float("-inf")
 
 
-# --- tokenizer conversion (expensive: done once per tokenizer) ----------------------------
+# Resource limits for every grammar (llguidance's defaults in brackets; its speeds: lexer fuel
+# ~50k/ms at build, ~14k/ms per step, Earley items ~20k/ms). The initial fuel bounds the lazy
+# regex build a first mask runs: at the default a million-position pattern spent 1-2 s there
+# before failing; at 200k it fails in ~50 ms and the largest pattern `schema_limits` admits
+# still builds. Per-step bounds keep one sequence from holding the whole batch for long, and
+# errors stay terse (`verbose_errors` would echo parser state and schema text).
+PARSER_LIMITS = llguidance.LLParserLimits(
+    initial_lexer_fuel=200_000,  # [1,000,000]
+    step_lexer_fuel=100_000,  # [200,000]: ~7 ms
+    step_max_items=50_000,  # [50,000]: ~2.5 ms
+    max_items_in_row=2_000,  # [2,000]
+    max_lexer_states=100_000,  # [250,000]: 1-2 kB each, shared by a cached grammar's copies
+    max_grammar_size=500_000,  # [500,000]
+    verbose_errors=False,
+)
+# The first masks computed at compile time, following tokens the grammar forces (one allowed
+# token), so the lexer work and limit errors of a grammar's start happen before admission.
+WARM_STEPS = 16
+# CPU time (of the computing thread: steady under load, unlike wall time) one token mask may
+# cost. No llguidance limit bounds the scan of a long forced run (3,000 required const
+# properties: 0.45 s per token, every token), so cost itself is the last bound: a grammar whose
+# masks exceed it while warming is refused, and a sequence whose masks keep exceeding it on the
+# worker ends as failed. Ordinary grammars cost well under a millisecond per mask; the first
+# mask builds the lexer and may cost more.
+MAX_FIRST_MASK_CPU_S = 0.25
+MAX_MASK_CPU_S = 0.02
+SLOW_MASKS_ALLOWED = 3  # on the worker: masks over MAX_MASK_CPU_S before the sequence fails
 
-_llg_tokenizers: dict[int, tuple[TokenizerWrapper, llguidance.LLTokenizer]] = {}
-_llg_lock = threading.Lock()
+
+class ConstraintBroken(GenerationFailed):
+    """The grammar could not follow its sequence (an internal limit of the grammar engine):
+    what was generated may not match the schema, so the request fails rather than ending as
+    if complete."""
+
+
+# --- tokenizer facts (expensive or lock-guarded: derived once per tokenizer) --------------
+
+
+@dataclass
+class _TokenizerFacts:
+    """What grammars need from one tokenizer, kept alive with it (so its id is not reused)."""
+
+    tokenizer: TokenizerWrapper
+    llg: llguidance.LLTokenizer
+    markers: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    grammars: GrammarCache[Compiled] = field(default_factory=GrammarCache)
+
+
+_facts: dict[int, _TokenizerFacts] = {}
+_facts_lock = threading.Lock()
+MAX_MARKERS = 256  # markup strings encoded per tokenizer (a dialect has a handful)
+
+# The lock that guards the tokenizer object (the engine's tokenizer lock), for the plan being
+# built on this thread: taken only where the tokenizer itself is called, and those calls are
+# remembered, so compiling and warming a grammar never holds it.
+_tokenizer_lock: ContextVar[threading.Lock | None] = ContextVar("tokenizer_lock", default=None)
+
+
+@contextlib.contextmanager
+def guarding_tokenizer(lock: threading.Lock | None) -> Iterator[None]:
+    """Within this block, calls into the tokenizer take `lock` (see `_tokenizer_lock`)."""
+    token = _tokenizer_lock.set(lock)
+    try:
+        yield
+    finally:
+        _tokenizer_lock.reset(token)
+
+
+def _tokenizer_use() -> contextlib.AbstractContextManager[Any]:
+    lock = _tokenizer_lock.get()
+    return lock if lock is not None else contextlib.nullcontext()
+
+
+def _facts_of(tokenizer: TokenizerWrapper) -> _TokenizerFacts:
+    key = id(tokenizer)
+    with _facts_lock:
+        hit = _facts.get(key)
+        if hit is not None and hit.tokenizer is tokenizer:
+            return hit
+        eos = sorted(tokenizer.eos_token_ids) or None
+        with _tokenizer_use():  # reads the whole vocabulary: once per model
+            converted = llguidance.hf.from_tokenizer(hf_tokenizer_of(tokenizer), eos_token=eos)
+        facts = _TokenizerFacts(tokenizer, converted)
+        _facts[key] = facts
+        return facts
 
 
 def llg_tokenizer(tokenizer: TokenizerWrapper) -> llguidance.LLTokenizer:
@@ -66,21 +161,31 @@ def llg_tokenizer(tokenizer: TokenizerWrapper) -> llguidance.LLTokenizer:
     different tokenizer while its entry exists. The end-of-sequence set is the wrapper's
     `eos_token_ids` (a chat model's turn-end token, e.g. <|im_end|>, is among them).
     """
-    key = id(tokenizer)
-    with _llg_lock:
-        hit = _llg_tokenizers.get(key)
-        if hit is not None and hit[0] is tokenizer:
-            return hit[1]
-        eos = sorted(tokenizer.eos_token_ids) or None
-        converted = llguidance.hf.from_tokenizer(hf_tokenizer_of(tokenizer), eos_token=eos)
-        _llg_tokenizers[key] = (tokenizer, converted)
-        return converted
+    return _facts_of(tokenizer).llg
+
+
+def grammar_cache(tokenizer: TokenizerWrapper) -> GrammarCache[Compiled]:
+    """The compiled grammars remembered for `tokenizer`."""
+    return _facts_of(tokenizer).grammars
 
 
 def forget_tokenizer(tokenizer: TokenizerWrapper) -> None:
-    """Drop the cached conversion of `tokenizer` (call when the model is unloaded)."""
-    with _llg_lock:
-        _llg_tokenizers.pop(id(tokenizer), None)
+    """Drop the cached conversion of `tokenizer` and its compiled grammars (call when the
+    model is unloaded)."""
+    with _facts_lock:
+        _facts.pop(id(tokenizer), None)
+
+
+def encode_markup(tokenizer: TokenizerWrapper, text: str) -> tuple[int, ...]:
+    """The token ids of a markup string (remembered: markers are the same every request)."""
+    facts = _facts_of(tokenizer)
+    ids = facts.markers.get(text)
+    if ids is None:
+        with _tokenizer_use():
+            ids = tuple(tokenizer.encode(text, add_special_tokens=False))
+        if len(facts.markers) < MAX_MARKERS:
+            facts.markers[text] = ids
+    return ids
 
 
 def markup_symbol(tokenizer: TokenizerWrapper, text: str) -> str:
@@ -90,7 +195,7 @@ def markup_symbol(tokenizer: TokenizerWrapper, text: str) -> str:
     special tokens with bytes, and naming the id also keeps the model from spelling the marker
     in pieces, which token-based markup detection downstream would miss.
     """
-    ids = tokenizer.encode(text, add_special_tokens=False)
+    ids = encode_markup(tokenizer, text)
     if len(ids) == 1:
         return f"<[{ids[0]}]>"
     return lark_literal(text)
@@ -160,16 +265,79 @@ class Compiled:
 
 
 def compile_grammar(tokenizer: TokenizerWrapper, grammar: str) -> Compiled:
-    """Compile an llguidance grammar (JSON from `LLMatcher.grammar_from_*`).
+    """Compile an llguidance grammar (JSON from `LLMatcher.grammar_from_*`), or reuse the
+    compilation of an identical grammar.
 
     Raises:
-        InvalidRequest: the grammar (a schema from the client) cannot be compiled.
+        InvalidRequest: the grammar (a schema from the client) cannot be compiled, or is too
+            complex to honour within `PARSER_LIMITS`.
     """
-    llg = llg_tokenizer(tokenizer)
-    template = llguidance.LLMatcher(llg, grammar, log_level=0)
+    facts = _facts_of(tokenizer)
+    return facts.grammars.get(grammar, lambda: _compile(facts.llg, grammar))
+
+
+def _compile(llg: llguidance.LLTokenizer, grammar: str) -> Compiled:
+    template = llguidance.LLMatcher(llg, grammar, log_level=0, limits=PARSER_LIMITS)
     if template.is_error():
-        raise InvalidRequest(f"cannot constrain output to this schema: {template.get_error()}")
+        raise InvalidRequest(f"cannot constrain output to this schema: {_reason(template)}")
+    _warm(template, llg)
     return Compiled(grammar=grammar, template=template, llg=llg)
+
+
+def _warm(template: llguidance.LLMatcher, llg: llguidance.LLTokenizer) -> None:
+    """Run the grammar's first masks on a copy, following forced tokens.
+
+    The lexer state these build is shared with the template and every later copy, so the
+    worker's first mask is cheap; and a grammar whose start exceeds the limits, or whose masks
+    cost too much (`MAX_MASK_CPU_S`), is refused here (a 400) instead of failing or stalling
+    the batch on the worker after the request was accepted.
+    """
+    probe = template.deep_copy()
+    words = np.zeros((1, (llg.vocab_size + 31) // 32), dtype=np.int32)
+    eos = {int(t) for t in llg.eos_tokens}
+    for step in range(WARM_STEPS):
+        cost = _timed_mask(probe, words)
+        if probe.is_error():
+            break
+        budget = MAX_FIRST_MASK_CPU_S if step == 0 else MAX_MASK_CPU_S
+        if cost > budget:
+            raise InvalidRequest(
+                "cannot constrain output: the schema is too complex (a token mask costs "
+                f"{cost * 1000:.0f} ms of CPU, at most {budget * 1000:.0f} ms): shorten its "
+                "patterns, constants or required fields"
+            )
+        forced = _only_token(words[0])
+        if forced is None or forced in eos or not probe.consume_token(forced):
+            break
+    if probe.is_error():
+        raise InvalidRequest(f"cannot constrain output: {_reason(probe)}")
+
+
+def _timed_mask(matcher: llguidance.LLMatcher, words: npt.NDArray[np.int32]) -> float:
+    """Fill the next-token mask; return its cost in CPU seconds of this thread."""
+    start = time.thread_time()
+    llguidance.numpy.fill_next_token_bitmask(matcher, words)
+    return time.thread_time() - start
+
+
+def _only_token(words: npt.NDArray[np.int32]) -> int | None:
+    """The single token a mask allows, or None when it allows none or several."""
+    nonzero = np.flatnonzero(words)
+    if len(nonzero) != 1:
+        return None
+    word = int(words[nonzero[0]]) & 0xFFFFFFFF
+    if word & (word - 1):
+        return None
+    return int(nonzero[0]) * 32 + word.bit_length() - 1
+
+
+def _reason(matcher: llguidance.LLMatcher) -> str:
+    """llguidance's error, first line only (the rest is parser state)."""
+    text = matcher.get_error().strip()
+    first = text.splitlines()[0] if text else "unknown grammar error"
+    if "too many expressions" in first or "too big" in first or "fuel" in first:
+        first += " (the schema is too complex: shorten its patterns, enums or nesting)"
+    return first[:500]
 
 
 class GrammarConstraint:
@@ -236,7 +404,8 @@ class GrammarLogitsProcessor:
 
     Attributes:
         error: why the grammar could not follow the sequence (None while all is well); after
-            an error only end-of-sequence tokens are allowed, so generation ends soon.
+            an error only end-of-sequence tokens are allowed, so generation ends soon — and
+            `check()` raises, so the request ends as failed, not as complete.
         ended: an end-of-sequence token was sampled after a complete sentence.
     """
 
@@ -250,6 +419,7 @@ class GrammarLogitsProcessor:
         self._eos_set = frozenset(self._eos_ids)
         self.error: str | None = None
         self.ended = False  # an end-of-sequence token followed a complete sentence
+        self._slow_masks = 0
 
     @property
     def complete(self) -> bool:
@@ -277,16 +447,34 @@ class GrammarLogitsProcessor:
                 # once more after sampling it; a stopped matcher would count it as an error.
                 self.ended = True
             elif not self._matcher.consume_token(token):
-                self.error = self._matcher.get_error() or f"token {token} not allowed"
-                log.warning("constrained generation left its grammar: %s", self.error[:300])
+                self._fail(_reason(self._matcher) if self._matcher.is_error() else "")
+
+    def _fail(self, reason: str) -> None:
+        self.error = reason or "a token the grammar does not allow"
+        log.warning("constrained generation left its grammar: %s", self.error)
+
+    def check(self) -> None:
+        """Raise `ConstraintBroken` when the grammar could not follow this sequence.
+
+        Raises:
+            ConstraintBroken: with the grammar engine's reason.
+        """
+        if self.error is not None:
+            raise ConstraintBroken(f"the output could not be kept to its grammar: {self.error}")
 
     def _allowed(self, vocab: int) -> mx.array:
         """Boolean (vocab,) mask of the tokens the grammar allows next."""
         words = self._buffer(vocab)
         grammar_words = words[:, : self._n_words]  # llguidance writes exactly its vocabulary
         if self.error is None and not self.ended:
-            llguidance.numpy.fill_next_token_bitmask(self._matcher, grammar_words)
-        else:
+            cost = _timed_mask(self._matcher, grammar_words)
+            if self._matcher.is_error():  # a limit hit while computing the mask
+                self._fail(_reason(self._matcher))
+            elif cost > MAX_MASK_CPU_S:  # every sequence in the batch waits for this one
+                self._slow_masks += 1
+                if self._slow_masks >= SLOW_MASKS_ALLOWED:
+                    self._fail(f"the grammar is too slow ({cost * 1000:.0f} ms per token)")
+        if self.error is not None or self.ended:
             grammar_words[:] = 0
             bits = grammar_words.view(np.uint32)[0]
             for eos in self._eos_ids:

@@ -12,28 +12,49 @@ Which constraint applies, in order:
    schema (skipped, not refused, when the model's tool syntax has no grammar: strict is a
    guarantee we can only give for the families `tool_grammar` covers).
 The thinking budget applies on top of any of them.
+
+Planning runs on a thread of its own (`Engine._plan_decoding`) and holds the engine's tokenizer
+lock only for the tokenizer calls it makes (a few markup encodings, remembered per tokenizer):
+compiling and warming a grammar can take tens of milliseconds and must not stall other
+requests' rendering or the worker's detokenizing. Inputs are bounded first (`schema_limits`).
 """
 
 from __future__ import annotations
 
-import contextlib
+import concurrent.futures
 import logging
 import threading
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from mlxlaunch.engine.decoding.grammar import GrammarConstraint, JsonConstraint
+from mlxlaunch.engine.decoding.grammar import (
+    GrammarConstraint,
+    GrammarLogitsProcessor,
+    JsonConstraint,
+    encode_markup,
+    guarding_tokenizer,
+)
 from mlxlaunch.engine.decoding.harmony_grammar import (
     harmony_schema_constraint,
     harmony_tool_constraint,
 )
+from mlxlaunch.engine.decoding.schema_limits import check_grammar_inputs
 from mlxlaunch.engine.decoding.thinking import ThinkingBudget
 from mlxlaunch.engine.decoding.tool_grammar import supported_families, tool_call_constraint
-from mlxlaunch.engine.types import GenerationRequest, InvalidRequest, ModelInfo
+from mlxlaunch.engine.types import GenerationRequest, InvalidRequest, ModelInfo, ToolSpec
 
 log = logging.getLogger(__name__)
+
+# Where plans are built (Engine._plan_decoding): threads of their own, so a burst of grammar
+# compilations waits here instead of in the default executor that prompt rendering uses.
+# llguidance drops the GIL while it compiles and computes masks, so these run in parallel
+# with the event loop and the worker.
+PLANNING_THREADS = concurrent.futures.ThreadPoolExecutor(
+    max_workers=2, thread_name_prefix="mlxlaunch-plan"
+)
 
 
 @dataclass(frozen=True)
@@ -48,10 +69,17 @@ class BudgetSpec:
 
 @dataclass(frozen=True)
 class DecodingPlan:
-    """The per-request decoding rules; `processors()` instantiates them for one sequence."""
+    """The per-request decoding rules; `processors()` instantiates them for one sequence.
+
+    A plan belongs to one request (one job): it remembers the grammar processor it handed out
+    last, so the worker can ask `check()` whether the grammar broke down mid-generation.
+    """
 
     constraint: GrammarConstraint | None = None
     thinking_budget: BudgetSpec | None = None
+    _live: list[GrammarLogitsProcessor] = field(
+        default_factory=list, init=False, compare=False, repr=False
+    )
 
     def processors(self) -> list[Any]:
         """Fresh mlx-lm logits processors for one sequence (budget first, then grammar)."""
@@ -62,8 +90,20 @@ class DecodingPlan:
                 ThinkingBudget(spec.budget, spec.start_ids, spec.end_ids, inside=spec.starts_inside)
             )
         if self.constraint is not None:
-            out.append(self.constraint.logits_processor())
+            grammar = self.constraint.logits_processor()
+            self._live[:] = [grammar]
+            out.append(grammar)
         return out
+
+    def check(self) -> None:
+        """Raise when the sequence's grammar could not follow it (a limit of the grammar
+        engine hit mid-generation): the output may not match, so the request must fail.
+
+        Raises:
+            ConstraintBroken: a `GenerationFailed`, with the grammar engine's reason.
+        """
+        for grammar in self._live:
+            grammar.check()
 
     @property
     def constrained(self) -> bool:
@@ -101,10 +141,11 @@ def plan_decoding(
         lock: held around tokenizer use (the engine's tokenizer lock).
 
     Raises:
-        InvalidRequest: a schema that cannot be compiled, or a forced tool choice the model's
-            tool syntax cannot be constrained to.
+        InvalidRequest: a schema that cannot be compiled, too large or complex to honour
+            (naming the field), or a forced tool choice the model's tool syntax cannot be
+            constrained to.
     """
-    with lock or contextlib.nullcontext():
+    with guarding_tokenizer(lock):
         try:
             constraint = _constraint(request, opens_thinking, tokenizer, info)
         except ValueError as exc:  # grammar construction rejects what the client sent
@@ -115,12 +156,31 @@ def plan_decoding(
         )
 
 
+def _grammar_inputs(request: GenerationRequest) -> Iterator[tuple[str, Any]]:
+    """The schemas a constraint for `request` would be built from, named as the client
+    named them (a superset: a schema the chosen constraint skips is still bounded)."""
+    choice = request.tool_choice
+    forced = choice.mode in ("any", "tool")
+    if request.response_schema is not None:
+        yield "output_config.format.schema", request.response_schema
+    if choice.mode == "none":
+        return
+    tools: list[ToolSpec] = list(request.tools)
+    if choice.mode == "tool":
+        tools = [t for t in tools if t.name == choice.name]
+    elif not forced:
+        tools = [t for t in tools if t.strict]
+    for tool in tools:
+        yield f"tools[{tool.name!r}].input_schema", tool.parameters
+
+
 def _constraint(
     request: GenerationRequest,
     opens_thinking: bool,
     tokenizer: TokenizerWrapper,
     info: ModelInfo,
 ) -> GrammarConstraint | None:
+    check_grammar_inputs(_grammar_inputs(request))
     think_end = info.think_end if opens_thinking else None
     choice = request.tool_choice
     family = info.tool_format or ""
@@ -172,8 +232,8 @@ def _budget(
     budget = request.thinking_budget
     if not request.thinking or budget is None or not (info.think_start and info.think_end):
         return None
-    start = tuple(tokenizer.encode(info.think_start, add_special_tokens=False))
-    end = tuple(tokenizer.encode(info.think_end, add_special_tokens=False))
+    start = encode_markup(tokenizer, info.think_start)
+    end = encode_markup(tokenizer, info.think_end)
     if not start or not end:
         return None
     return BudgetSpec(max(1, budget), start, end, opens_thinking)

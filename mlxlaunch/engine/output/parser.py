@@ -13,7 +13,7 @@ In each state a `MarkerSet` lists the strings that leave it; the earliest-comple
 a tail of the buffer that could still become a marker is held back until the next piece settles
 it, so markers split across pieces ("<thi" + "nk>") are still recognised and never leak.
 The buffer only ever holds that tail plus the newest piece (tool-call bodies move to a list), so
-each `feed` costs O(piece).
+each `feed` costs O(piece + longest marker) per marker, and memory is the markers themselves.
 
 Policies the server relies on (see also `OutputParser`):
 - Stop sequences apply to visible text only — not inside thinking spans and not inside tool-call

@@ -237,6 +237,8 @@ class IncrementalTokenizer:
     def encode(self, text: str) -> list[int]:
         """The token ids of `text` (no special tokens added)."""
         if not self.incremental:
+            if self._backend is not None:
+                return list(encode_released(self._backend, text).ids)
             return list(self._fallback(text))
         for key, seen in self._entries.items():
             if len(seen.text) == len(text) and seen.text == text:
@@ -244,7 +246,8 @@ class IncrementalTokenizer:
                 self.stats.exact_hits += 1
                 return seen.ids.tolist()
         entry, mark, shared = self._best_prefix(text)
-        if entry is not None and self.line_splits:
+        # An adopted reply (`adopt`) has no offsets: it splits at its boundaries only.
+        if entry is not None and self.line_splits and entry.offsets is not None:
             ids = self._continue_at_line(entry, mark, shared, text)
             if ids is not None:
                 return ids
@@ -308,6 +311,63 @@ class IncrementalTokenizer:
         encoded, entry = self._tokenize(text)
         return entry if entry is not None and encoded == ids else None
 
+    def count(self, text: str) -> int:
+        """How many tokens `encode(text)` gives, remembering nothing (for pieces of a prompt
+        that may be refused: see prompt_size)."""
+        if self._backend is None:
+            return len(self._fallback(text))
+        # No offsets or ids kept on the Python side, and the Rust code runs without the GIL.
+        batch = getattr(self._backend, "encode_batch_fast", self._backend.encode_batch)
+        return len(batch([text], add_special_tokens=False)[0])
+
+    def forget_text(self, text: str) -> None:
+        """Forget `text` if it is remembered (a prompt that was refused: no later one
+        continues it, and it may be large)."""
+        for key, old in list(self._entries.items()):
+            if old.text is text or old.text == text:
+                del self._entries[key]
+
+    def adopt(self, token_ids: Sequence[int]) -> bool:
+        """Remember a finished request's prompt and reply as the model wrote them, so the
+        next turn, whose prompt renders that reply back, reuses these exact ids.
+
+        The one exception to `encode` matching the tokenizer: a reply's text tokenized anew
+        is often split differently from how the model produced it (a generation prompt's
+        trailing "\n\n" becomes "\n" "\n" once text follows it, say), and from the first
+        differing id on, the prefix cache could reuse nothing: every turn would prefill the
+        previous reply again. Kept up to the last boundary token (the reply's end-of-turn
+        token, typically); a later text reuses them only where it has the same characters,
+        so a template that re-renders the reply differently just reuses less. Returns
+        whether the ids were kept."""
+        if not self.incremental or self._backend is None:
+            return False
+        ids = list(token_ids)
+        cut = max((j for j, t in enumerate(ids) if t in self.boundaries), default=-1)
+        if cut < 0:
+            return False
+        ids = ids[: cut + 1]
+        pieces: list[str] = []
+        marks: list[int] = []
+        ends: list[int] = []
+        start = length = 0
+        for index in range(cut + 1):
+            if ids[index] in self.boundaries:
+                piece = self._backend.decode(ids[start : index + 1], skip_special_tokens=False)
+                if not piece.endswith(self.boundaries[ids[index]]):
+                    return False
+                pieces.append(piece)
+                length += len(piece)
+                marks.append(length)
+                ends.append(index + 1)
+                start = index + 1
+        text = "".join(pieces)
+        # Decoding piecewise must agree with decoding the whole (a decoder that strips a
+        # piece's leading space would shift every later mark).
+        if text != self._backend.decode(ids, skip_special_tokens=False):
+            return False
+        self._remember(_Entry(text, array("i", ids), marks, ends, None))
+        return True
+
     def clear(self) -> None:
         """Forget every remembered text."""
         self._entries.clear()
@@ -335,7 +395,7 @@ class IncrementalTokenizer:
         token_id = entry.ids[kept - 1]
         token_text = self.boundaries[token_id]
         start = split - len(token_text)
-        tail = self._backend.encode(text[start:], add_special_tokens=False)
+        tail = encode_released(self._backend, text[start:])
         tail_ids = tail.ids
         if not tail_ids or tail_ids[0] != token_id:
             return None
@@ -363,7 +423,7 @@ class IncrementalTokenizer:
         kept = bisect_right(offsets, start)
         if kept - special_kept < self.min_line_gain or offsets[kept - 1] != start:
             return None  # too little to gain, or an old token spans the line start
-        tail = self._backend.encode(text[start:], add_special_tokens=False)
+        tail = encode_released(self._backend, text[start:])
         covers = mark == len(entry.marks) - 1 and start >= len(entry.text) - self._line_margin
         ids = self._splice(entry, mark, text, tail, start, kept, skip=0, covers=covers)
         if ids is not None:
@@ -423,7 +483,7 @@ class IncrementalTokenizer:
         """All of `text`'s ids, and an entry to remember them by (None: offsets that do not
         match the text, so nothing about this text is trusted for later reuse)."""
         assert self._backend is not None
-        encoding = self._backend.encode(text, add_special_tokens=False)
+        encoding = encode_released(self._backend, text)
         ids: list[int] = encoding.ids
         marks: list[int] = []
         ends: list[int] = []
@@ -466,6 +526,13 @@ class IncrementalTokenizer:
         self._next_key += 1
         while len(self._entries) > self.capacity:
             self._entries.popitem(last=False)
+
+
+def encode_released(backend: Any, text: str) -> Any:
+    """`backend.encode(text, add_special_tokens=False)`, through `encode_batch`: the same
+    encoding, but the Rust code runs without the GIL (`encode` holds it throughout: a 2 MiB
+    prompt stopped the event loop, and with it `/health` and every stream, for 2.5 s)."""
+    return backend.encode_batch([text], add_special_tokens=False)[0]
 
 
 def common_prefix_length(a: str, b: str, block: int = 4096) -> int:

@@ -28,12 +28,13 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlxlaunch.engine.config import RENDER_MODES, RenderMode
 from mlxlaunch.engine.prompt.conversation import adapt_conversation
 from mlxlaunch.engine.prompt.incremental import IncrementalTokenizer
+from mlxlaunch.engine.prompt.prompt_size import too_long_at_least
 from mlxlaunch.engine.prompt.render_date import clock_arguments
 from mlxlaunch.engine.prompt.stable import StableRenderer
 from mlxlaunch.engine.prompt.template_behaviour import TemplateBehaviour, probe_template
 from mlxlaunch.engine.prompt.template_shape import message_to_template, tool_to_template
 from mlxlaunch.engine.prompt.tool_definitions import tool_section, with_tool_section
-from mlxlaunch.engine.types import ChatMessage, GenerationRequest
+from mlxlaunch.engine.types import ChatMessage, GenerationRequest, PromptTooLong
 from mlxlaunch.store.dialects import Dialect, detect_dialect
 
 __all__ = [
@@ -134,9 +135,12 @@ class PromptRenderer:
             ).hexdigest()
         return self._clock
 
-    def render_text(self, request: GenerationRequest) -> str:
+    def render_text(
+        self, request: GenerationRequest, memoized: list[tuple[str, bytes]] | None = None
+    ) -> str:
         """The prompt text: conversation adapted to the template, chat template applied
-        (cache-stably in "stable" mode), generation prompt added."""
+        (cache-stably in "stable" mode), generation prompt added. `memoized` receives the
+        keys of what the stable render memoized (see `StableRenderer.forget`)."""
         with self.lock:
             shaped, tools = self.template_messages(request)
             if self.render_mode == "exact":
@@ -145,7 +149,7 @@ class PromptRenderer:
             render = partial(self._template, thinking=request.thinking, arguments=clock)
             # The memo's key: everything a render depends on beyond messages and tools.
             context = f"{self._context}/{request.thinking}/{self.pinned_date.isoformat()}"
-            return self.stable.render(shaped, tools, render, context)
+            return self.stable.render(shaped, tools, render, context, memoized)
 
     def template_messages(
         self, request: GenerationRequest
@@ -217,17 +221,61 @@ class PromptRenderer:
             )
         )
 
-    def render(self, request: GenerationRequest) -> RenderedPrompt:
-        """Render and tokenize once; the template already holds any BOS it wants."""
-        text = self.render_text(request)
-        with self.lock:
-            tokens = self.encoder.encode(text)
+    def render(
+        self, request: GenerationRequest, limit: int | None = None, *, exact: bool = False
+    ) -> RenderedPrompt:
+        """Render and tokenize once; the template already holds any BOS it wants.
+
+        With `limit` (the context window), a prompt of `limit` tokens or more raises
+        PromptTooLong, in work bounded by `limit` rather than by the prompt: before rendering
+        when the text every template writes out (system, user and tool messages) already
+        holds that many tokens, before tokenizing when the rendered text does (see
+        prompt_size), else after tokenizing. What it memoized is forgotten then. `exact`:
+        a prompt tokenized in full is returned whatever its length (counting tokens)."""
+        if limit is not None:
+            self._refuse_beyond(limit, rendered_texts(request))
+        memoized: list[tuple[str, bytes]] = []
+        text = self.render_text(request, memoized)
+        try:
+            if limit is not None:
+                self._refuse_beyond(limit, [text])
+            with self.lock:
+                tokens = self.encoder.encode(text)
+            if limit is not None and not exact and len(tokens) >= limit:
+                with self.lock:
+                    self.encoder.forget_text(text)
+                raise PromptTooLong(len(tokens), limit)
+        except PromptTooLong:
+            with self.lock:
+                self.stable.forget(memoized)
+            raise
         # Some templates open a think span even with thinking off; the parser must know either way.
         start, end = self.tokenizer.think_start, self.tokenizer.think_end
         if start is None and self.dialect is not None:  # markers mlx-lm does not know
             start, end = self.dialect.think_start, self.dialect.think_end
         opens = ends_inside_span(text, start, end)
         return RenderedPrompt(tokens=tokens, opens_thinking=opens)
+
+    def _refuse_beyond(self, limit: int, texts: list[str]) -> None:
+        """Raise PromptTooLong where `texts` certainly hold `limit` tokens or more."""
+        bound = too_long_at_least(texts, self._count, limit)
+        if bound is not None:
+            raise PromptTooLong(bound, limit)
+
+    def _count(self, piece: str) -> int:
+        with self.lock:  # per piece: other requests' tokenizing goes on in between
+            return self.encoder.count(piece)
+
+    def adopt(self, token_ids: Sequence[int]) -> bool:
+        """A finished request's prompt and reply, as the model wrote it: the next turn's
+        prompt reuses these ids where it renders the same text (see
+        `IncrementalTokenizer.adopt`). Only an optimisation: a failure keeps nothing."""
+        try:
+            with self.lock:
+                return self.encoder.adopt(token_ids)
+        except Exception as exc:
+            log.warning("prompt renderer: a reply's tokens were not kept (%s)", exc)
+            return False
 
     def warm(self, token_sequences: Iterable[Sequence[int]] = ()) -> int:
         """Get ready for the first request while nothing waits: compile the chat template
@@ -244,6 +292,13 @@ class PromptRenderer:
         except Exception as exc:
             log.warning("prompt renderer warm-up skipped: %s", exc)
             return 0
+
+
+def rendered_texts(request: GenerationRequest) -> list[str]:
+    """The texts of `request` that every chat template writes into the prompt whole (or
+    trimmed): system, user and tool messages' content. Not assistant turns: templates drop
+    their reasoning, or text before a think end, or text beside calls."""
+    return [m.content for m in request.messages if m.role != "assistant" and m.content]
 
 
 def _detected_dialect(tokenizer: Any, template: object) -> Dialect | None:

@@ -29,6 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mlxlaunch.home import private_dir
+
 RENDER_DATE_FILE = "render-date"
 # The strftime directives the pinned `strftime_now` knows (times of day are midnight's).
 DIRECTIVES = "aAbBcdHIjmMpSUwWxXyYGuVe"
@@ -58,7 +60,7 @@ def pinned_render_date(
     date = today()
     tmp = path.with_name(f".tmp-{RENDER_DATE_FILE}-{os.getpid()}")
     try:
-        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_dir(directory)
         tmp.write_text(date.isoformat() + "\n", encoding="utf-8")
         os.replace(tmp, path)  # whole or not at all, for processes sharing the directory
     except OSError as exc:

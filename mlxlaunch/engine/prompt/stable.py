@@ -165,6 +165,11 @@ class TextMemo:
             _, dropped = self._texts.popitem(last=False)
             self.chars -= len(dropped)
 
+    def drop(self, key: tuple[str, bytes]) -> None:
+        text = self._texts.pop(key, None)
+        if text is not None:
+            self.chars -= len(text)
+
 
 def prefix_keys(
     messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, context: str
@@ -197,8 +202,17 @@ class StableRenderer:
         tools: list[dict[str, Any]] | None,
         render: Render,
         context: str,
+        added: list[tuple[str, bytes]] | None = None,
     ) -> str:
-        return _Conversation(self, messages, tools, render, context).prompt()
+        """The stable prompt; `added` (if given) receives the keys this render put into the
+        memo, for `forget` when the prompt is refused."""
+        return _Conversation(self, messages, tools, render, context, added).prompt()
+
+    def forget(self, keys: list[tuple[str, bytes]]) -> None:
+        """Drop what one render memoized (its prompt was refused: nothing will continue it,
+        and it may be large)."""
+        for key in keys:
+            self.memo.drop(key)
 
 
 class _Conversation:
@@ -211,8 +225,10 @@ class _Conversation:
         tools: list[dict[str, Any]] | None,
         render: Render,
         context: str,
+        added: list[tuple[str, bytes]] | None = None,
     ) -> None:
         self._owner = owner
+        self._added = added
         self._render = render
         self.messages = messages
         self.tools = tools
@@ -232,6 +248,8 @@ class _Conversation:
             if text is None:
                 text = compute()
                 self._owner.memo.put(key, text)
+                if self._added is not None:
+                    self._added.append(key)
             self._local[key] = text
         return text
 

@@ -59,6 +59,11 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         "pending_first_tokens: the first token is sent a decode step early",
     ),
     PrivateName(
+        "mlx_lm.generate.BatchGenerator",
+        "prefill_step_size",
+        "set_prefill_slice: each step's prompt tokens, paced against decode (prefill_pacing.py)",
+    ),
+    PrivateName(
         "mlx_lm.generate.GenerationBatch",
         "uids",
         "pending_first_tokens: which sequence each pending token belongs to",
@@ -148,6 +153,20 @@ def pending_first_tokens(generator: Any) -> dict[int, int]:
         for uid, token in zip(members, tokens, strict=True)
         if isinstance(token, int)
     }
+
+
+def set_prefill_slice(generator: Any, tokens: int) -> bool:
+    """Make the generator's next `next()` prefill at most `tokens` tokens of each prompt; 0
+    makes it a decode step alone. False where the setting is not where it is expected.
+
+    A constructor argument, not promised to be read again: mlx-lm 0.32 cuts each step's chunk
+    by it, while its prompt batch keeps the constructor's value as the size of one forward
+    pass, so `tokens` above that value would be processed in several passes.
+    """
+    if not isinstance(getattr(generator, "prefill_step_size", None), int):
+        return False
+    generator.prefill_step_size = max(0, tokens)
+    return True
 
 
 # --- tokenizers -------------------------------------------------------------------------

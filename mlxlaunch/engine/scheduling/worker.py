@@ -3,13 +3,15 @@
 Every MLX call — loading, prefill, decode, cache handling — happens on this thread. Other
 threads hand it work with `post(fn)` (a callable run between steps); results go back through
 each job's `EventSink`. Generation runs on mlx-lm's `BatchGenerator`, so requests decode
-together and long prompts prefill in chunks interleaved with decode steps.
+together and long prompts prefill in slices interleaved with decode steps, each slice sized to
+a share of the decode step's time (see `prefill_pacing`).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import gc
+import logging
 import queue
 import threading
 from collections import deque
@@ -31,10 +33,13 @@ from mlxlaunch.engine.prompt.render_date import pinned_render_date
 from mlxlaunch.engine.runtime import cpu_attention, freed_memory
 from mlxlaunch.engine.runtime.loader import LoadedModel, load_model
 from mlxlaunch.engine.runtime.memory import MemoryBudget, apply_memory_limits, kv_bytes_per_token
+from mlxlaunch.engine.runtime.mlx_lm_internals import set_prefill_slice
 from mlxlaunch.engine.runtime.mlx_thread import run_on_mlx_thread
 from mlxlaunch.engine.runtime.warmup import RESTORED_WARMUP_TOKENS, warm_up_loaded
 from mlxlaunch.engine.scheduling.first_token import sampled_first_tokens
 from mlxlaunch.engine.scheduling.job import Job, OutputStream
+from mlxlaunch.engine.scheduling.prefill_pacing import PrefillPacer
+from mlxlaunch.engine.scheduling.retention import adopt_reply, retain_job
 from mlxlaunch.engine.scheduling.sweeper import IdleSweeper
 from mlxlaunch.engine.stats import StatsBook
 from mlxlaunch.engine.types import (
@@ -90,6 +95,7 @@ class Worker:
         self._by_request_id: dict[str, Job] = {}
         self._prefix: PrefixCache | None = None  # set at load
         self._planned: dict[Job, list[Any]] = {}  # caches planned at admission, until insert
+        self._pacer = PrefillPacer(config.prefill_chunk)
         self._memory_polled_at = float("-inf")
         self._idle_since: float | None = None  # when the batch and queue last became empty
         # (generator, its stats() context, the stats it fills, window start)
@@ -164,7 +170,10 @@ class Worker:
         try:
             self._ensure_loaded()
         except Exception as exc:
-            self._end_with_error(job, EngineUnavailable(f"the model could not be loaded: {exc}"))
+            logging.getLogger(__name__).error("the model could not be loaded: %s", exc)
+            self._end_with_error(
+                job, EngineUnavailable("the model could not be loaded (the server log says why)")
+            )
             return
         job.cached_tokens, reuse = self._cached_prefix(job)
         self._by_request_id[job.request_id] = job
@@ -224,6 +233,8 @@ class Worker:
             self._start_waiting()
             if self._running:
                 self._step()
+            else:
+                self._pacer.pause()
             self._poll_memory()
         self._drain(block=False)  # commands posted before stop(): they see `_stopping`
         self._abandon_all(EngineUnavailable("the engine is shutting down"))
@@ -303,6 +314,9 @@ class Worker:
     def _step(self) -> None:
         generator = self._batch_generator()
         self._measure(generator)
+        prefilling = [job.last_progress < job.prompt_tokens for job in self._running.values()]
+        slice_tokens = self._pacer.plan(decoding=not all(prefilling), prefilling=any(prefilling))
+        set_prefill_slice(generator, slice_tokens)
         try:
             prompt_responses, generation_responses = generator.next()
         except Exception as exc:
@@ -315,6 +329,8 @@ class Worker:
             if job is None:
                 continue
             done = job.cached_tokens + int(progress.progress[0])
+            if not progress.end_of_prompt:  # the prompt's last token is a decode-sized step
+                self._pacer.prefilled(done - max(job.last_progress, job.cached_tokens))
             if done > job.last_progress:
                 job.last_progress = done
                 job.pending.append(Progress(done_tokens=done, total_tokens=job.prompt_tokens))
@@ -337,6 +353,8 @@ class Worker:
                 self._end_with_error(job, GenerationFailed("the first token changed"))
                 continue
             job.sent_ahead = None
+            if response.finish_reason == "stop" and self.renderer is not None:
+                adopt_reply(self.renderer, response.all_tokens, response.token)
             try:
                 self._on_token(job, response.token, response.finish_reason, already_sent=sent)
             except Exception as exc:  # parser or detokenizer trouble is this job's alone
@@ -376,6 +394,9 @@ class Worker:
         `already_sent`: the token went out ahead; only the generator's verdict is new."""
         output = job.output
         assert output is not None
+        # A grammar that broke down mid-generation fails the request: its output must not
+        # end as if complete (ConstraintBroken, through the job's own error path).
+        job.decoding.check()
         if not already_sent:
             now = self.config.clock()
             if job.first_token_at is None:
@@ -607,15 +628,9 @@ class Worker:
 
     def _retain_prompt_cache(self, job: Job, caches: dict[int, Any]) -> None:
         """Keep a finished or removed job's KV: `{uid: (caches, tokens they hold)}`."""
-        prefix = self._prefix
-        if prefix is None:
-            return
-        main = job.request.kind == "main"
-        for held, tokens in caches.values():
-            if held and tokens:
-                prefix.retain(list(tokens), held, main=main)
-                prefix.misses.held(tokens)  # what the next turn is judged against
-        self._publish_cache_figures()
+        retain_job(job, caches, self._prefix)
+        if self._prefix is not None:
+            self._publish_cache_figures()
 
     def _snapshot_prompt(self, job: Job) -> None:
         """A model whose cache cannot be trimmed is reusable only where a snapshot was taken;

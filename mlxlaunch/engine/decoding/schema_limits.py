@@ -1,0 +1,201 @@
+"""Bounds on what a grammar may be built from, checked before anything is compiled.
+
+A schema is client input, and the grammar engine's work grows with it: a 10 MB enum took
+8 s to be refused, and a 214-byte pattern `^(x{1000}){1000}$` expands to a million-position
+regex whose first token mask took 1-2 s on the worker, stalling every running stream. These
+checks are a walk over the schemas (linear, cheap) that refuses such input with a 400 naming
+the field, before llguidance sees it; llguidance's own `PARSER_LIMITS` (grammar.py) are the
+backstop for what no simple count predicts.
+
+Measured with llguidance 1.9 on a Qwen3 vocabulary (busy 2-core box): `x{10000}` costs ~20 ms
+for the first mask and ~4 ms per later one; `(x{300}){300}` (90,000 positions) ~150 ms, then
+~40 ms per token — too slow for a shared batch. Hence `MAX_PATTERN_REPEAT`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from mlxlaunch.engine.types import InvalidRequest
+
+# All the schemas one grammar is built from, as JSON text (estimated while walking). Claude
+# Code's 12 tools are 13 KB; agents with many MCP servers reach a few hundred KB.
+MAX_SCHEMA_BYTES = 1 << 20
+MAX_SCHEMA_NODES = 100_000
+MAX_ENUM_VALUES = 10_000  # per enum (an enum of 10,000 short values compiles in ~25 ms)
+# Positions a pattern expands to: each atom counts one, times the bounds of the counted
+# repetitions around it (`a{3}` is 3, `(ab){2}c` is 5, `(x{1000}){1000}` is 1,000,000).
+MAX_PATTERN_REPEAT = 10_000
+
+_COUNTED = re.compile(r"\{(\d+)(?:(,)(\d*))?\}")
+_HUGE = 10**15  # sizes saturate here: the estimate must never cost more than the pattern
+
+
+def check_grammar_inputs(schemas: Iterable[tuple[str, Any]]) -> None:
+    """Refuse schemas too large or too complex to compile on a shared server.
+
+    Args:
+        schemas: (where, schema) pairs; `where` names the field in the client's terms, e.g.
+            "tools[Bash].input_schema" or "output_config.format.schema".
+
+    Raises:
+        InvalidRequest: naming the field and the bound it exceeds.
+    """
+    budget = _Budget()
+    for where, schema in schemas:
+        budget.walk(where, schema)
+
+
+# A field's place as a linked list (parent, key): built into text only for an error message,
+# so a deeply nested schema costs no quadratic string building.
+_Path = tuple[Any, str]
+
+
+def _text(path: _Path) -> str:
+    parts: list[str] = []
+    node: Any = path
+    while node is not None:
+        node, key = node
+        parts.append(key)
+    text = "".join(reversed(parts))
+    return text if len(text) <= 200 else f"{text[:80]}…{text[-100:]}"
+
+
+class _Budget:
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.nodes = 0
+
+    def walk(self, where: str, schema: Any) -> None:
+        stack: list[tuple[_Path, Any]] = [((None, where), schema)]
+        while stack:
+            path, node = stack.pop()
+            self._count(path, node)
+            if isinstance(node, dict):
+                for key, value in node.items():
+                    key_text = str(key)
+                    self.bytes += len(key_text) + 4
+                    child = (path, f".{key_text}")
+                    if key_text == "enum" and isinstance(value, list):
+                        _check_enum(child, value)
+                    elif key_text == "pattern" and isinstance(value, str):
+                        _check_pattern(child, value)
+                    elif key_text == "patternProperties" and isinstance(value, dict):
+                        for regex in value:
+                            _check_pattern((child, f"[{regex!r}]"), str(regex))
+                    stack.append((child, value))
+            elif isinstance(node, list):
+                stack.extend(((path, f"[{i}]"), item) for i, item in enumerate(node))
+
+    def _count(self, path: _Path, node: Any) -> None:
+        self.nodes += 1
+        self.bytes += len(node) + 2 if isinstance(node, str) else 2 if node is not None else 4
+        if self.nodes > MAX_SCHEMA_NODES:
+            raise InvalidRequest(
+                f"{_text(path)}: schema too large to constrain output: more than "
+                f"{MAX_SCHEMA_NODES} nodes in all"
+            )
+        if self.bytes > MAX_SCHEMA_BYTES:
+            raise InvalidRequest(
+                f"{_text(path)}: schema too large to constrain output: more than "
+                f"{MAX_SCHEMA_BYTES >> 10} KiB in all"
+            )
+
+
+def _check_enum(where: _Path, values: list[Any]) -> None:
+    if len(values) > MAX_ENUM_VALUES:
+        raise InvalidRequest(
+            f"{_text(where)}: enum too large to constrain output: {len(values)} values "
+            f"(at most {MAX_ENUM_VALUES})"
+        )
+
+
+def _check_pattern(where: _Path, pattern: str) -> None:
+    size = pattern_size(pattern)
+    if size > MAX_PATTERN_REPEAT:
+        shown = size if size < _HUGE else f"over {_HUGE}"
+        raise InvalidRequest(
+            f"{_text(where)}: pattern repeats too much to constrain output: it expands to {shown} "
+            f"positions (at most {MAX_PATTERN_REPEAT}); use a shorter bound or maxLength"
+        )
+
+
+def pattern_size(pattern: str) -> int:
+    """How many positions a regex expands to (an estimate; see `MAX_PATTERN_REPEAT`).
+
+    Alternatives add up (an over-estimate, never an under-estimate); `*`, `+` and `?` count
+    once, since a lexer handles them as loops; `{m,n}` multiplies its atom by max(m, n).
+    Anything this reader does not understand counts as one atom.
+    """
+    frames: list[list[int]] = [[0, 0]]  # per open group: [total so far, size of the last atom]
+    i, n = 0, len(pattern)
+    while i < n:
+        char = pattern[i]
+        frame = frames[-1]
+        if char == "\\":
+            i = _escape_end(pattern, i)
+            _atom(frame, 1)
+            continue
+        if char == "[":
+            i = _class_end(pattern, i)
+            _atom(frame, 1)
+            continue
+        if char == "(":
+            frames.append([0, 0])
+        elif char == ")" and len(frames) > 1:
+            total, last = frames.pop()
+            _atom(frames[-1], min(total + last, _HUGE))
+        elif char == "|":
+            frame[0], frame[1] = min(frame[0] + frame[1], _HUGE), 0
+        elif char == "{" and (counted := _COUNTED.match(pattern, i)):
+            low, comma, high = counted.groups()
+            bound = _bound(high) if comma and high else _bound(low)
+            frame[1] = min(frame[1] * bound, _HUGE)
+            i = counted.end()
+            continue
+        elif char not in "*+?^$":
+            _atom(frame, 1)
+        i += 1
+    while len(frames) > 1:  # an unclosed group: llguidance refuses it; count what we saw
+        total, last = frames.pop()
+        _atom(frames[-1], min(total + last, _HUGE))
+    total, last = frames[0]
+    return min(total + last, _HUGE)
+
+
+def _atom(frame: list[int], size: int) -> None:
+    frame[0] = min(frame[0] + frame[1], _HUGE)
+    frame[1] = size
+
+
+def _bound(digits: str) -> int:
+    # Python refuses int() of more than 4,300 digits; anything past 15 is "huge" anyway.
+    return _HUGE if len(digits) > 15 else max(1, int(digits))
+
+
+def _escape_end(pattern: str, i: int) -> int:
+    """The index past the escape at `i` (`\\x`, or `\\p{..}`/`\\x{..}`/`\\u{..}`)."""
+    end = i + 2
+    if pattern[i + 1 : i + 2] in ("p", "P", "x", "u") and pattern[end : end + 1] == "{":
+        close = pattern.find("}", end)
+        return close + 1 if close >= 0 else len(pattern)
+    return min(end, len(pattern))
+
+
+def _class_end(pattern: str, i: int) -> int:
+    """The index past the character class opened at `i` (a `]` first in it is a member)."""
+    j = i + 1
+    if pattern[j : j + 1] == "^":
+        j += 1
+    if pattern[j : j + 1] == "]":
+        j += 1
+    while j < len(pattern):
+        if pattern[j] == "\\":
+            j += 2
+            continue
+        if pattern[j] == "]":
+            return j + 1
+        j += 1
+    return len(pattern)
