@@ -7,7 +7,7 @@ _mlx_model_names() {
 _mlx_node() {
     case "$1" in
         "") children="bench completions config dash doctor launch models ps serve stop" flags="--version --debug -h --help" models="" paths="" texts="" arg="" ;;
-        "bench") children="" flags="--quick --peer --no-peer --restart --no-restart --tool-loop --no-tool-loop --debug -h --help" models="--model -m" paths="--out" texts="--url --auth-token --turns --tool-result-chars --decode-tokens --runs --concurrency --concurrency-prompt-tokens --concurrency-tokens --max-concurrency" arg="" ;;
+        "bench") children="" flags="--quick --peer --no-peer --restart --no-restart --tool-loop --no-tool-loop --codex-session --no-codex-session --debug -h --help" models="--model -m" paths="--out" texts="--url --auth-token --turns --tool-result-chars --decode-tokens --runs --concurrency --concurrency-prompt-tokens --concurrency-tokens --max-concurrency" arg="" ;;
         "completions") children="" flags="--debug -h --help" models="" paths="--write" texts="" arg="text" ;;
         "config") children="get set show unset" flags="--debug -h --help" models="" paths="" texts="" arg="" ;;
         "config get") children="" flags="--debug -h --help" models="" paths="" texts="" arg="text" ;;
@@ -16,8 +16,10 @@ _mlx_node() {
         "config unset") children="" flags="--debug -h --help" models="" paths="" texts="" arg="text" ;;
         "dash") children="" flags="--debug -h --help" models="" paths="" texts="--url --token --retry" arg="" ;;
         "doctor") children="" flags="--json --debug -h --help" models="" paths="" texts="--claude-bin" arg="" ;;
-        "launch") children="claude" flags="--debug -h --help" models="" paths="" texts="" arg="" ;;
+        "launch") children="claude codex opencode" flags="--debug -h --help" models="" paths="" texts="" arg="" ;;
         "launch claude") children="" flags="--debug-cache --safeguards --no-safeguards --preload --install-claude --yes -y --verbose -v --print-env --debug -h --help" models="--model -m" paths="--cache-dir" texts="--small-model --port --context-length --max-output-tokens --keep-alive --max-concurrency --idle-clear --memory-fraction --cache-memory --cache-disk --tool-format --render --claude-bin --env -e --url --token" arg="text" ;;
+        "launch codex") children="" flags="--debug-cache --safeguards --no-safeguards --preload --install-codex --yes -y --verbose -v --print-config --debug -h --help" models="--model -m" paths="--cache-dir" texts="--port --context-length --max-output-tokens --keep-alive --max-concurrency --idle-clear --memory-fraction --cache-memory --cache-disk --tool-format --render --codex-bin --env -e --url --token" arg="text" ;;
+        "launch opencode") children="" flags="--debug-cache --safeguards --no-safeguards --preload --install-opencode --yes -y --verbose -v --print-config --debug -h --help" models="--model -m" paths="--cache-dir" texts="--port --context-length --max-output-tokens --keep-alive --max-concurrency --idle-clear --memory-fraction --cache-memory --cache-disk --tool-format --render --opencode-bin --env -e --url --token" arg="text" ;;
         "models") children="add catalog info list pull recommend rm" flags="--debug -h --help" models="" paths="" texts="" arg="" ;;
         "models add") children="" flags="--debug -h --help" models="" paths="" texts="--name" arg="path" ;;
         "models catalog") children="" flags="--json --debug -h --help" models="" paths="" texts="" arg="" ;;

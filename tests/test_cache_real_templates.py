@@ -134,7 +134,28 @@ def test_greedy_output_is_the_same_with_and_without_the_cache(
     cached = post(family_model, "/v1/messages", body).json()
     assert cached["usage"]["cache_read_input_tokens"] > 0
     template = next(p for p in TEMPLATES if p.stem == family_model.family.name)
+    # The served session's replies are rendered back as the model's own token ids
+    # (`PromptRenderer.adopt`); a fresh server must hold the same history to get the same
+    # prompt ids, so that only the KV reuse differs between the two.
+    adopted = _adopted_replies(family_model)
     with served_family(template, tmp_path_factory.mktemp("no-cache"), cache_memory_bytes=0) as cold:
+        post(cold, "/v1/messages/count_tokens", {"model": "m", "messages": HELLO})  # loads it
+        renderer = cold.engine._worker.renderer
+        assert renderer is not None
+        for ids in adopted:
+            renderer.adopt(ids)
         fresh = post(cold, "/v1/messages", body).json()
     assert fresh["usage"]["cache_read_input_tokens"] == 0
     assert fresh["content"] == cached["content"]
+
+
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+def _adopted_replies(model: FamilyModel) -> list[list[int]]:
+    """The replies a server remembered as the model's own token ids (entries without line
+    offsets are the adopted ones; see `IncrementalTokenizer.adopt`)."""
+    renderer = model.engine._worker.renderer
+    assert renderer is not None
+    entries = renderer.encoder._entries.values()
+    return [list(entry.ids) for entry in entries if entry.offsets is None]

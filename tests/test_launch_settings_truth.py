@@ -276,11 +276,6 @@ def test_mlx_serve_with_context_length_is_32768_everywhere(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="needs the server's /v1/models to state max_input_tokens/max_tokens "
-    "(server/app.py + protocol/responses.py change, owned elsewhere)",
-    strict=False,
-)
 def test_print_env_url_of_a_server_with_no_record_here(
     mlx_serve: tuple[str, str, str, dict], tmp_path: Path
 ) -> None:

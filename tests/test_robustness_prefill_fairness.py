@@ -5,10 +5,11 @@ steps of the running streams; a chunk deep in a long prompt costs ~100x a decode
 streams crawled (issue 19: four streams from 1.5 s to 27.7 s). Each step now prefills only what
 a share of a decode step's time buys (`scheduling/prefill_pacing.py`).
 
-Measured on this machine (2 cores shared with other jobs, reference BLAS), medium test model,
-a 10.5k-token prompt while four streams decode: before, the streams' mean token gap went from
-1.4 ms to 120 ms (84x) and the prompt's first token came after 2.5 s (2.7 s with the engine to
-itself); after, see the report of the change.
+Measured on this machine (2 cores shared with other jobs, reference BLAS, so +-50% run to run),
+medium test model, a 10.5k-token prompt while four streams decode. Before: the streams' mean
+token gap went from 1.4-3.9 ms to 120-376 ms (84-97x); the prompt's first token came after
+1.0-1.9x its time alone. After: 1.6-2.1x (longest gap 55-70 ms in quiet runs: one slice), and
+the prompt's first token after 2.2-5x its time alone (the streams keep about half the machine).
 
 The pacer is tested on its own against a simulated cost model (fast, exact), the whole engine
 on a real model (slow: a ratio of measured times, which holds on a busy machine too).

@@ -1,4 +1,5 @@
-"""Streaming clients that time one request: Anthropic Messages SSE and OpenAI chat SSE.
+"""Streaming clients that time one request: Anthropic Messages SSE and OpenAI chat SSE (the
+Responses client, Codex's API, is in `codex_session.py`, on the same `timed_stream`).
 
 Time to first token is the time from sending the request to the first content delta (text,
 thinking or tool-call input) — what a user waits for — not to the first byte, because servers
@@ -55,7 +56,7 @@ class Target(Protocol):
     async def aclose(self) -> None: ...
 
 
-async def _timed_stream(
+async def timed_stream(
     client: httpx.AsyncClient,
     url: str,
     body: dict[str, Any],
@@ -63,6 +64,8 @@ async def _timed_stream(
     on_event: Callable[[str, str, StreamTiming, float], None],
     clock: Callable[[], float],
 ) -> StreamTiming:
+    """POST `body` to `url` and fold each SSE event into a timing (`on_event` knows the API's
+    grammar); an HTTP error status or a broken connection is recorded, not raised."""
     timing = StreamTiming()
     start = clock()
     try:
@@ -80,7 +83,8 @@ async def _timed_stream(
     return timing
 
 
-def _content_arrived(timing: StreamTiming, now: float) -> None:
+def content_arrived(timing: StreamTiming, now: float) -> None:
+    """A content delta arrived `now`: the first one is the time to first token."""
     if timing.ttft_s is None:
         timing.ttft_s = now
     timing.token_times.append(now)
@@ -97,7 +101,7 @@ def on_anthropic_event(event: str, data: str, timing: StreamTiming, now: float) 
         timing.prompt_tokens = (usage.get("input_tokens") or 0) + cached + created
         timing.cached_tokens = cached
     elif kind == "content_block_delta":
-        _content_arrived(timing, now)
+        content_arrived(timing, now)
     elif kind == "message_delta":
         usage = payload.get("usage") or {}
         if usage.get("output_tokens") is not None:
@@ -114,7 +118,7 @@ def on_openai_event(event: str, data: str, timing: StreamTiming, now: float) -> 
     for choice in payload.get("choices") or []:
         delta = choice.get("delta") or {}
         if delta.get("content") or delta.get("reasoning") or delta.get("tool_calls"):
-            _content_arrived(timing, now)
+            content_arrived(timing, now)
     usage = payload.get("usage")
     if usage:
         timing.prompt_tokens = usage.get("prompt_tokens")
@@ -147,7 +151,7 @@ class AnthropicTarget:
     async def measure(self, conversation: Conversation, max_tokens: int) -> StreamTiming:
         """Send one streaming request and time it."""
         body = anthropic_body(conversation, max_tokens=max_tokens)
-        return await _timed_stream(
+        return await timed_stream(
             self._client,
             f"{self.base_url}/v1/messages",
             body,
@@ -175,7 +179,7 @@ class OpenAITarget:
     async def measure(self, conversation: Conversation, max_tokens: int) -> StreamTiming:
         """Send one streaming request and time it."""
         body = openai_body(conversation, max_tokens=max_tokens)
-        return await _timed_stream(
+        return await timed_stream(
             self._client,
             f"{self.base_url}/v1/chat/completions",
             body,

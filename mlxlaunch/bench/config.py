@@ -28,6 +28,9 @@ class BenchConfig:
             typing), or when it is ready if that takes longer.
         tool_loop: last, on a test model with Qwen3's chat template, a session of tool loops
             with thinking, each ended by a new user prompt (`bench.tool_loop`).
+        codex_session: after the Claude Code workloads, on the same servers and model, Codex
+            CLI's captured requests grown by a function call and its output per turn, over
+            `/v1/responses` (`bench.codex_session`); `turns` turns.
     """
 
     quick: bool = False
@@ -43,6 +46,7 @@ class BenchConfig:
     restart: bool = True
     restart_wait_s: float = 3.0
     tool_loop: bool = True
+    codex_session: bool = True
 
     @classmethod
     def create(cls, *, quick: bool = False, **overrides: Any) -> BenchConfig:

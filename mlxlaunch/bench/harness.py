@@ -11,6 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from mlxlaunch.bench.clients import AnthropicTarget, OpenAITarget, Target
+from mlxlaunch.bench.codex_session import (
+    ResponsesTarget,
+    codex_session_steps,
+    measure_codex_session,
+)
 from mlxlaunch.bench.config import BenchConfig
 from mlxlaunch.bench.inprocess import InProcessModel
 from mlxlaunch.bench.machine import describe_machine, describe_model
@@ -82,6 +87,20 @@ class BenchOutcome:
     warnings: list[str]
 
 
+def _codex_targets(
+    options: BenchOptions, local: LocalServer | None, peer: PeerServer | None
+) -> list[ResponsesTarget]:
+    """The Codex session's clients: ours (at --url or started here) and the peer, if running."""
+    if options.url:
+        targets = [ResponsesTarget(OURS_NAME, options.url, auth_token=options.auth_token)]
+    else:
+        assert local is not None  # started before the server workloads
+        targets = [ResponsesTarget(OURS_NAME, local.url, auth_token=local.auth_token)]
+    if peer:
+        targets.append(ResponsesTarget(PEER_NAME, peer.url))
+    return targets
+
+
 async def run_benchmark(
     options: BenchOptions, progress: ProgressSink | None = None
 ) -> BenchOutcome:
@@ -142,6 +161,21 @@ async def _run(options: BenchOptions, progress: ProgressSink, cache_dir: Path) -
                                       "command": peer.command()}  # fmt: skip
         progress.begin("servers, alternating", server_steps(config, len(targets)))
         servers = await measure_servers(targets, plan, config, progress)
+        if plan.codex:
+            # Same servers, same model, after the Claude Code workloads: its own prefix shares
+            # nothing with theirs, so neither session's figures depend on the order.
+            codex_targets = _codex_targets(options, local, peer)
+            progress.begin(
+                "Codex session over /v1/responses, alternating",
+                codex_session_steps(plan.codex, len(codex_targets)),
+            )
+            try:
+                servers["codex_session"] = await measure_codex_session(
+                    codex_targets, plan.codex, progress=progress
+                )
+            finally:
+                for codex_target in codex_targets:
+                    await codex_target.aclose()
         if plan.restart is not None and (local or peer):
             # Stop both first: each restarted server is measured alone on the machine, and
             # ours writes its pending prefixes to the cache directory as it stops.

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
+from mlxlaunch.bench.codex_session import codex_session
 from mlxlaunch.bench.config import BenchConfig
 from mlxlaunch.bench.prompt import AgentPrompt, claude_code_prompt
 from mlxlaunch.bench.workloads import (
@@ -29,7 +31,8 @@ class BenchPlan:
     `warm` fresh sessions started after it (same system prompt and tools, new conversation);
     `restart` the first turn of a session sent to a restarted server; `streams` the prompts
     of each concurrency level; `tool_loop` the tool-loop session (sent to servers of its own,
-    on a model of its own).
+    on a model of its own); `codex` the Codex session's request bodies (`/v1/responses`, on
+    the same servers as the rest).
     """
 
     prompt: AgentPrompt
@@ -40,6 +43,7 @@ class BenchPlan:
     restart: Conversation | None = None
     streams: dict[int, list[Conversation]] = field(default_factory=dict)
     tool_loop: list[LoopTurn] = field(default_factory=list)
+    codex: list[dict[str, Any]] = field(default_factory=list)
 
     def floor_prompts(self) -> list[tuple[str, Conversation]]:
         """Prompts for the in-process prefill floor, in the servers' order: each one's floor is
@@ -71,6 +75,15 @@ def build_plan(config: BenchConfig, chars_per_token: float = DEFAULT_CHARS_PER_T
         tool_loop=(
             tool_loop_session(prompt, tool_result_chars=config.tool_result_chars)
             if config.tool_loop
+            else []
+        ),
+        codex=(
+            codex_session(
+                turns=config.turns,
+                tool_result_chars=config.tool_result_chars,
+                max_output_tokens=config.turn_max_tokens,
+            )
+            if config.codex_session
             else []
         ),
     )

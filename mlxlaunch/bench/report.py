@@ -22,6 +22,8 @@ def format_value(value: float | None, unit: str) -> str:
         return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
     if unit == "ms":
         return f"{value:.1f} ms"
+    if unit == "%":
+        return f"{value:.2%}"
     return f"{value:.0f} tok/s" if value >= 100 else f"{value:.1f} tok/s"
 
 
@@ -95,6 +97,7 @@ def build_report(
             "new_session": servers["new_session"],
             "restart": servers.get("restart", {}),
             "tool_loop": servers.get("tool_loop", {}),
+            "codex_session": servers.get("codex_session", {}),
             "concurrency": servers["concurrency"],
             "decode": {"runs": servers["decode"], "ceiling": limits["decode_ceiling"]},
             "prefill_floor": limits["prefill_floor"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,7 +17,7 @@ class SummaryRow:
 
     workload: str
     metric: str
-    unit: str  # "s", "ms" or "tok/s"
+    unit: str  # "s", "ms", "tok/s" or "%" (a share, 0–1)
     higher_is_better: bool
     values: dict[str, float | None]
     limit: float | None = None
@@ -124,6 +125,96 @@ def _session_rows(servers: dict[str, Any], limits: dict[str, Any]) -> list[Summa
                 {n: _p((t["results"][n]["ttft_s"] for t in later), 50) for n in names},
                 _p((_floor(limits, f"turn {t['turn']}") for t in later), 50),
             )
+        )  # fmt: skip
+    return rows
+
+
+def _reuse(timings: list[dict[str, Any]]) -> float | None:
+    """The least share of the previous turn's prompt any turn read from the cache (None when
+    the server did not report cached tokens or a turn failed)."""
+    shares = []
+    for before, after in itertools.pairwise(timings):
+        prompt, cached = before.get("prompt_tokens"), after.get("cached_tokens")
+        if after.get("error") or not prompt or cached is None:
+            return None
+        shares.append(cached / prompt)
+    return min(shares) if shares else None
+
+
+def _agent_reuse_row(servers: dict[str, Any]) -> list[SummaryRow]:
+    """The Claude Code session's reuse of the previous prompt, beside the Codex session's."""
+    names: list[str] = servers["targets"]
+    turns = servers["agent_session"]
+    if len(turns) < 2:
+        return []
+    per_server = {n: [t["results"][n] for t in turns] for n in names}
+    return [
+        SummaryRow(
+            "agent-session", REUSE_METRIC, "%", True,
+            {n: _reuse(per_server[n]) for n in names},
+            notes={n: "cached tokens not reported" for n in names
+                   if _reuse(per_server[n]) is None},
+        )
+    ]  # fmt: skip
+
+
+# The metric both sessions report their prefix reuse under: the least share of a turn's
+# prompt that the next turn read from the cache.
+REUSE_METRIC = "reuse of previous prompt, min"
+# Said of a server that answered the Codex session's first request with "no such endpoint".
+NO_RESPONSES_API = "no Responses API"
+
+
+def codex_session_rows(servers: dict[str, Any]) -> list[SummaryRow]:
+    """The Codex session per turn: TTFT with its prompt, cached tokens and reuse of the
+    previous turn's prompt; the p50 of the later turns; the least reuse. A server without a
+    Responses API gets no figure: the first row's note says what it answered, the rest say
+    it has none (so no ratio is made up for it)."""
+    codex = servers.get("codex_session")
+    if not codex:
+        return []
+    names: list[str] = codex["targets"]
+    unsupported: dict[str, str] = codex.get("unsupported", {})
+    without = {name: NO_RESPONSES_API for name in unsupported}
+    turns = codex["turns"]
+
+    def figure(results: dict[str, Any], name: str, key: str) -> float | None:
+        value = results.get(name, {}).get(key)
+        return None if value is None else float(value)
+
+    rows = []
+    for turn in turns:
+        results = turn["results"]
+        notes = dict(unsupported if turn["turn"] == 1 else without)
+        for name in results:
+            note = _cache_note(results[name])
+            if results[name].get("reuse") is not None:
+                note += f", {results[name]['reuse']:.2%} of turn {turn['turn'] - 1}"
+            notes[name] = note
+        rows.append(
+            SummaryRow(
+                "codex-session", f"turn {turn['turn']} TTFT", "s", False,
+                {n: figure(results, n, "ttft_s") for n in names}, notes=notes,
+            )
+        )  # fmt: skip
+    later = turns[1:]
+    if later:
+        rows.append(
+            SummaryRow(
+                "codex-session", f"turns 2–{len(turns)} TTFT p50", "s", False,
+                {n: _p((figure(t["results"], n, "ttft_s") for t in later), 50) for n in names},
+                notes=dict(without),
+            )
+        )  # fmt: skip
+        reuse: dict[str, float | None] = {}
+        notes = dict(without)
+        for name in names:
+            sent = [t["results"].get(name, {"error": "not sent"}) for t in turns]
+            reuse[name] = None if name in unsupported else _reuse(sent)
+            if reuse[name] is None and name not in unsupported:
+                notes[name] = "cached tokens not reported"
+        rows.append(
+            SummaryRow("codex-session", REUSE_METRIC, "%", True, reuse, notes=notes)
         )  # fmt: skip
     return rows
 
@@ -284,8 +375,12 @@ def _floor_rows(limits: dict[str, Any]) -> list[SummaryRow]:
 WORKLOADS = ("agent-session", "new-session", "restart", "concurrency", "decode", "prefill floor")
 # Workloads on a model of their own, not the one being benchmarked (left out with `--url`).
 OWN_MODEL_WORKLOADS = ("tool-loop",)
-# The order of the table: the sessions first, then the rest.
-ROW_ORDER = WORKLOADS[:2] + OWN_MODEL_WORKLOADS + WORKLOADS[2:]
+# Other agents' sessions on the same model and servers, over their own APIs.
+OTHER_CLIENT_WORKLOADS = ("codex-session",)
+# The order of the table: the sessions first (Codex's beside Claude Code's), then the rest.
+ROW_ORDER = (
+    WORKLOADS[:1] + OTHER_CLIENT_WORKLOADS + WORKLOADS[1:2] + OWN_MODEL_WORKLOADS + (WORKLOADS[2:])
+)
 
 
 def workload_of(row: SummaryRow) -> str:
@@ -297,6 +392,8 @@ def summary_rows(servers: dict[str, Any], limits: dict[str, Any]) -> list[Summar
     """Every row of the report, grouped by workload in the order of ROW_ORDER."""
     rows = (
         _session_rows(servers, limits)
+        + _agent_reuse_row(servers)
+        + codex_session_rows(servers)
         + _tool_loop_rows(servers)
         + _restart_rows(servers, limits)
         + _decode_rows(servers, limits)

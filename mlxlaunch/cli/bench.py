@@ -103,6 +103,13 @@ def bench(
             help="Time new prompts after tool loops, on a test model with Qwen3's real template.",
         ),
     ] = True,
+    codex_session: Annotated[
+        bool,
+        typer.Option(
+            "--codex-session/--no-codex-session",
+            help="Replay Codex CLI's captured session over /v1/responses, beside Claude Code's.",
+        ),
+    ] = True,
     max_concurrency: Annotated[
         int | None,
         typer.Option(min=1, help="Our server's batch width (default: the engine's)."),
@@ -115,8 +122,10 @@ def bench(
 
     Every workload runs on this project's server and on mlx-lm's `mlx_lm.server` with the same
     model and prompts, alternating; the table shows both and their ratio, next to the
-    in-process limits (prefill floor, decode ceiling). Last, each server is restarted as a new
-    process (ours on the same prefix-cache directory) and a new session's first turn is timed.
+    in-process limits (prefill floor, decode ceiling). Codex CLI's captured session follows on
+    the same servers over /v1/responses (a server without that API is reported as such). Last,
+    each server is restarted as a new process (ours on the same prefix-cache directory) and a
+    new session's first turn is timed.
 
     Examples:
 
@@ -137,6 +146,7 @@ def bench(
         concurrency_tokens=concurrency_tokens,
         restart=restart,
         tool_loop=tool_loop,
+        codex_session=codex_session,
     )
     console = Console()
     if not console.is_terminal:  # logs and CI: don't wrap the table at 80 columns

@@ -21,7 +21,11 @@ from mlxlaunch.errors import MlxLaunchError
 # Every command and group of `mlx`, registered here and nowhere else (as huggingface_hub's
 # `hf.py` does); `mlx --help` lists the commands in this order, then the groups. A new command
 # adds one line. `short_help` is its line in that list, short enough to show whole at 80 columns.
-app.add_typer(launch.launch_app, name="launch", short_help="Start Claude Code on a local model.")
+app.add_typer(
+    launch.launch_app,
+    name="launch",
+    short_help="Start an agent (Claude Code, Codex, opencode) on a local model.",
+)
 app.command("serve", help=serve.SERVE_HELP, short_help="Serve a model (Anthropic Messages API).")(
     serve.serve
 )

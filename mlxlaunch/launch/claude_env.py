@@ -28,7 +28,9 @@ import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from mlxlaunch.launch.agent_target import AgentSetup, AgentTarget
 from mlxlaunch.protocol.limits import plain_model_id
 from mlxlaunch.runstate import ClientSettings
 
@@ -204,6 +206,13 @@ def claude_environment(target: ClaudeTarget, inherited: Mapping[str, str]) -> di
     env.update(launch_variables(target))
     env.update(target.extra)
     return env
+
+
+def configure(target: AgentTarget, launch_dir: Path) -> AgentSetup:
+    """Claude Code's entry in the integrations table: variables only (`launch_dir` unused)."""
+    del launch_dir
+    claude = ClaudeTarget.of(target.base_url, target.auth_token, target.settings)
+    return AgentSetup(env=launch_variables(claude))
 
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -1,16 +1,20 @@
-"""`mlx launch claude`: engine + server in this process, `claude` as a child, then clean up.
+"""`mlx launch <agent>`: engine + server in this process, the agent as a child, then clean up.
 
-Order matters for the user: everything that can fail fast (claude missing, model unknown)
-fails before a model loads; the log path is printed before the terminal is handed over; and
-whatever happens, the state file goes, the server drains and stops, and the engine closes
-(launch/serving.py, the lifetime `mlx serve` shares).
+One lifetime for every entry of the integrations table (launch/integrations.py): claude, codex,
+opencode. Order matters for the user: everything that can fail fast (the agent missing, model
+unknown) fails before a model loads; the log path is printed before the terminal is handed
+over; and whatever happens, the agent's per-launch directory goes, the state file goes, the
+server drains and stops, and the engine closes (launch/serving.py, the lifetime `mlx serve`
+shares). The agent's exit code is the launcher's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+import shutil
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -19,9 +23,13 @@ from rich.console import Console
 from mlxlaunch.config import UserConfig, load_config
 from mlxlaunch.engine.config import LogitsHook
 from mlxlaunch.errors import ModelNotFound
+from mlxlaunch.home import mlxlaunch_home, private_dir
+from mlxlaunch.launch.agent_bin import find_agent
+from mlxlaunch.launch.agent_target import AgentSetup, AgentTarget, agent_environment, write_setup
 from mlxlaunch.launch.child import run_child
 from mlxlaunch.launch.claude_bin import claude_version, find_claude
-from mlxlaunch.launch.claude_env import ClaudeTarget, claude_environment, claude_model_id
+from mlxlaunch.launch.claude_env import claude_model_id
+from mlxlaunch.launch.integrations import CLAUDE, Integration
 from mlxlaunch.launch.models import (
     ChosenModel,
     choose_model,
@@ -30,12 +38,13 @@ from mlxlaunch.launch.models import (
 )
 from mlxlaunch.launch.server_log import logging_to, new_log_path, terminal_to_child
 from mlxlaunch.launch.serving import EngineOptions, Serving, serving
+from mlxlaunch.runstate import pid_alive
 from mlxlaunch.server.app import ServerSettings
 
 
 @dataclass
 class LaunchOptions:
-    """What `mlx launch claude` was asked to do (CLI options, already validated)."""
+    """What `mlx launch <agent>` was asked to do (CLI options, already validated)."""
 
     model: str | None = None  # None: the default-model setting, else the best local model
     small_model: str | None = None  # None here and below: the user's setting, else automatic
@@ -43,8 +52,8 @@ class LaunchOptions:
     engine: EngineOptions = field(default_factory=EngineOptions)
     max_output_tokens: int | None = None
     preload: bool = False
-    claude_bin: str | None = None
-    claude_args: Sequence[str] = ()
+    agent_bin: str | None = None  # the executable to run (None: looked up as usual)
+    agent_args: Sequence[str] = ()
     extra_env: Mapping[str, str] = field(default_factory=dict)
     verbose: bool = False
 
@@ -57,16 +66,38 @@ def launch_claude(
     offer_pull: Callable[[], bool] | None = None,
     logits_hook: LogitsHook | None = None,
 ) -> int:
-    """Run Claude Code against a local model; returns claude's exit code.
+    """Run Claude Code against a local model; returns claude's exit code."""
+    return launch_agent(
+        CLAUDE,
+        options,
+        console=console,
+        environ=environ,
+        offer_pull=offer_pull,
+        logits_hook=logits_hook,
+    )
+
+
+def launch_agent(
+    agent: Integration,
+    options: LaunchOptions,
+    *,
+    console: Console,
+    environ: Mapping[str, str] | None = None,
+    offer_pull: Callable[[], bool] | None = None,
+    logits_hook: LogitsHook | None = None,
+) -> int:
+    """Run `agent` against a local model; returns the agent's exit code.
 
     `offer_pull` is asked when no model was named and none is downloaded; it returns True
     once it has pulled one. `logits_hook` scripts the model's output (tests; see
     launch/serving.py).
     """
     environ = dict(os.environ if environ is None else environ)
-    claude = find_claude(options.claude_bin)
+    binary = (
+        find_claude(options.agent_bin) if agent is CLAUDE else find_agent(agent, options.agent_bin)
+    )
     if options.verbose:
-        console.print(f"claude: {claude} ({claude_version(claude) or 'version unknown'})")
+        console.print(f"{agent.name}: {binary} ({claude_version(binary) or 'version unknown'})")
     config = load_config(environ)
     options = with_settings(options, config)
     options.engine.config_arguments()  # before the model is built: a bad keep-alive fails fast
@@ -95,12 +126,47 @@ def launch_claude(
             max_output_tokens=options.max_output_tokens or _noise_cap(chosen),
         ) as served,
     ):
-        _announce(console, served, log_file, options)
+        _announce(console, served, log_file, options, agent)
         # The settings the state file holds, so --print-env elsewhere says the same.
-        target = ClaudeTarget.of(served.url, token, served.client, options.extra_env)
-        env = claude_environment(target, environ)
-        with terminal_to_child(log_file) as stdio:
-            return run_child([str(claude), *options.claude_args], env, stdio=stdio)
+        target = AgentTarget(served.url, token, served.client, cwd=Path.cwd())
+        with agent_launch_dir(agent) as launch_dir:
+            setup = agent.configure(target, launch_dir)
+            prepare_launch_dir(setup, launch_dir)
+            env = agent_environment(setup, environ, drops=agent.drops, extra=options.extra_env)
+            argv = [str(binary), *setup.args, *options.agent_args]
+            with terminal_to_child(log_file) as stdio:
+                return run_child(argv, env, stdio=stdio)
+
+
+def launch_dirs(agent: Integration, home: Path | None = None) -> Path:
+    """Where the per-launch directories of `agent` live (`launch-<pid>` each)."""
+    return (home or mlxlaunch_home()) / "agents" / agent.name
+
+
+@contextlib.contextmanager
+def agent_launch_dir(agent: Integration, home: Path | None = None) -> Iterator[Path]:
+    """The path of this launch's private directory for `agent`, removed when the block ends.
+
+    Under the mlxlaunch home, not /tmp (Codex refuses to put its helpers under a temporary
+    directory). Left-overs of launches that were killed are removed first.
+    """
+    parent = launch_dirs(agent, home)
+    for stale in parent.glob("launch-*") if parent.is_dir() else ():
+        pid = stale.name.removeprefix("launch-")
+        if pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+    path = parent / f"launch-{os.getpid()}"
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)  # links are removed, never followed
+
+
+def prepare_launch_dir(setup: AgentSetup, launch_dir: Path) -> None:
+    """Create `launch_dir` (0700) with the setup's files, if the setup has any."""
+    if setup.files or setup.links or setup.kept_dirs:
+        shutil.rmtree(launch_dir, ignore_errors=True)  # a reused pid's left-over
+        write_setup(setup, private_dir(launch_dir))
 
 
 def with_settings(options: LaunchOptions, config: UserConfig) -> LaunchOptions:
@@ -140,7 +206,13 @@ def _choose(
     return choose_model(None, config)
 
 
-def _announce(console: Console, served: Serving, log_file: Path, options: LaunchOptions) -> None:
+def _announce(
+    console: Console,
+    served: Serving,
+    log_file: Path,
+    options: LaunchOptions,
+    agent: Integration = CLAUDE,
+) -> None:
     client = served.client
     console.print(
         f"[bold]mlx[/]: serving [cyan]{served.model.name}[/] as [cyan]{client.model_id}[/] "
@@ -157,8 +229,12 @@ def _announce(console: Console, served: Serving, log_file: Path, options: Launch
     console.print("[dim]watch it live from another terminal: mlx dash[/]")
     if options.verbose:
         console.print(f"model: {served.model.path} (from {served.model.reason})", highlight=False)
+        compacts = (
+            f", compacts at {agent.compact_at(client.context_window, client.max_output_tokens):,}"
+            if agent.compact_at is not None
+            else ""
+        )
         console.print(
-            f"claude: output budget {client.max_output_tokens:,} tokens, compacts at "
-            f"{client.compact_at:,}",
+            f"{agent.name}: output budget {client.max_output_tokens:,} tokens{compacts}",
             highlight=False,
         )

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -42,18 +41,20 @@ from mlxlaunch.protocol.errors import describe_validation_error, error_body
 from mlxlaunch.protocol.events import ErrorEvent, PingEvent
 from mlxlaunch.protocol.limits import (
     LARGE_BODY_BYTES,
-    RequestLimitError,
-    load_request_json,
     plain_model_id,
 )
 from mlxlaunch.protocol.requests import CountTokensRequest, MessagesRequest
 from mlxlaunch.protocol.responses import CountTokensResponse, ModelEntry, ModelList
 from mlxlaunch.protocol.sse import encode_event
 from mlxlaunch.server.blocks import TIMINGS_HEADER, ContentBlockStream, new_message_id
+from mlxlaunch.server.bodies import json_object
+from mlxlaunch.server.chat_completions import chat_routes
+from mlxlaunch.server.chat_mapping import openai_list_body, openai_model_body, speaks_openai
 from mlxlaunch.server.errors import ApiError, engine_error, error_response
 from mlxlaunch.server.guards import HttpLimits, RequestGuard
 from mlxlaunch.server.mapping import shows_thinking, to_generation_request
 from mlxlaunch.server.request_ids import RequestIds
+from mlxlaunch.server.responses import responses_routes
 from mlxlaunch.server.safeguards import (
     SAFEGUARDS_MIN_PARAMETERS,
     PendingCheck,
@@ -150,14 +151,7 @@ async def parse_body(request: Request, model: type[ModelT]) -> ModelT:
 
 def validate_body(raw_bytes: bytes, model: type[ModelT]) -> ModelT:
     """Parse and validate `raw_bytes` as `model`, or raise the 400 ApiError naming the field."""
-    try:
-        raw = load_request_json(raw_bytes)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError("invalid_request_error", f"request body is not valid JSON: {exc}") from exc
-    except RequestLimitError as exc:
-        raise ApiError("invalid_request_error", str(exc)) from exc
-    if not isinstance(raw, dict):
-        raise ApiError("invalid_request_error", "request body must be a JSON object")
+    raw = json_object(raw_bytes)
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
@@ -256,12 +250,18 @@ class MessagesApi:
 
     async def models(self, request: Request) -> Response:
         entry = self._model_entry(self._loaded_model_id())
+        # Each API's clients expect their own shape; the rule is `speaks_openai`'s docstring.
+        if speaks_openai(request.headers):
+            return JSONResponse(openai_list_body([entry]))
         listing = ModelList(data=[entry], first_id=entry.id, last_id=entry.id)
         return JSONResponse(listing.model_dump())
 
     async def model(self, request: Request) -> Response:
         # Any id is served by the loaded model, so any id "exists".
-        return JSONResponse(self._model_entry(request.path_params["model_id"]).model_dump())
+        entry = self._model_entry(request.path_params["model_id"])
+        if speaks_openai(request.headers):
+            return JSONResponse(openai_model_body(entry))
+        return JSONResponse(entry.model_dump())
 
     async def hello(self, request: Request) -> Response:
         return Response(status_code=200)
@@ -537,6 +537,10 @@ def build_app(engine: ServingEngine, settings: ServerSettings | None = None) -> 
             model_id=settings.model_id,
             excerpts=settings.stats_prompt_excerpts,
         ),
+        # The OpenAI APIs: thin adapters over the same engine request (one render path, one
+        # output parser, one prefix cache).
+        *chat_routes(engine, settings, lambda handler: guarded(handler, settings)),
+        *responses_routes(engine, settings, lambda handler: guarded(handler, settings)),
     ]
     handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
         HTTPException: _http_exception,

@@ -106,7 +106,9 @@ def reply_for(request: GenerationRequest, pull_hint: str | None = None) -> str:
     # The demo's template opens a think span when thinking is on: close it with a short thought.
     opening = "The demo answers from a script.\n</think>\n\n" if request.thinking else ""
     if request.response_schema is not None:
-        body = json.dumps(value_for(request.response_schema), separators=(",", ":"))
+        # JSON as the schema grammar writes it (llguidance's ", " and ": " separators): a
+        # scripted reply must keep to the grammar, which now fails a request that leaves it.
+        body = json.dumps(value_for(request.response_schema))
         return opening + body
     last = request.messages[-1] if request.messages else None
     if last is not None and last.role == "tool":

@@ -39,6 +39,11 @@ class ForcedTokens:
     The step is the growth of the token context since the first call, so the processor is
     right whether it is called once per step (``generate_step``, ``BatchGenerator``) or the
     context starts with or without the last prompt token.
+
+    It never reads `logits`, so the sampled token does not depend on the forward pass: plain
+    mlx-lm then never runs that pass and defers it to whatever next reads the KV cache. The
+    engine evaluates each step's caches (`engine/scheduling/generator_step.py`); a caller
+    stepping a `BatchGenerator` itself should call its `settle` after each `next()`.
     """
 
     def __init__(self, tokens: Sequence[int], eos_token_id: int) -> None:

@@ -1,1 +1,1 @@
-"""Captured Claude Code prompt data shipped with the benchmark."""
+"""Captured agent requests shipped with the benchmark: Claude Code's prompt, Codex CLI's session."""

@@ -56,7 +56,7 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     PrivateName(
         "mlx_lm.generate.BatchGenerator",
         "_generation_batch",
-        "pending_first_tokens: the first token is sent a decode step early",
+        "pending_first_tokens, decoding_caches: the decoding sequences' state",
     ),
     PrivateName(
         "mlx_lm.generate.BatchGenerator",
@@ -72,6 +72,11 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         "mlx_lm.generate.GenerationBatch",
         "_next_tokens",
         "pending_first_tokens: the sampled tokens not yet handed out",
+    ),
+    PrivateName(
+        "mlx_lm.generate.GenerationBatch",
+        "prompt_cache",
+        "decoding_caches: each decode step's forward pass is computed (generator_step.py)",
     ),
     PrivateName(
         "mlx_lm.tokenizer_utils.TokenizerWrapper",
@@ -153,6 +158,13 @@ def pending_first_tokens(generator: Any) -> dict[int, int]:
         for uid, token in zip(members, tokens, strict=True)
         if isinstance(token, int)
     }
+
+
+def decoding_caches(generator: Any) -> list[Any]:
+    """The per-layer KV caches of the generator's decoding sequences (mlx-lm cache objects,
+    each with a `state`); empty when there are none or they are not where expected."""
+    caches = getattr(getattr(generator, "_generation_batch", None), "prompt_cache", None)
+    return list(caches) if isinstance(caches, list) else []
 
 
 def set_prefill_slice(generator: Any, tokens: int) -> bool:

@@ -33,10 +33,10 @@ from mlxlaunch.engine.prompt.render_date import pinned_render_date
 from mlxlaunch.engine.runtime import cpu_attention, freed_memory
 from mlxlaunch.engine.runtime.loader import LoadedModel, load_model
 from mlxlaunch.engine.runtime.memory import MemoryBudget, apply_memory_limits, kv_bytes_per_token
-from mlxlaunch.engine.runtime.mlx_lm_internals import set_prefill_slice
 from mlxlaunch.engine.runtime.mlx_thread import run_on_mlx_thread
 from mlxlaunch.engine.runtime.warmup import RESTORED_WARMUP_TOKENS, warm_up_loaded
 from mlxlaunch.engine.scheduling.first_token import sampled_first_tokens
+from mlxlaunch.engine.scheduling.generator_step import step as generator_step
 from mlxlaunch.engine.scheduling.job import Job, OutputStream
 from mlxlaunch.engine.scheduling.prefill_pacing import PrefillPacer
 from mlxlaunch.engine.scheduling.retention import adopt_reply, retain_job
@@ -316,9 +316,8 @@ class Worker:
         self._measure(generator)
         prefilling = [job.last_progress < job.prompt_tokens for job in self._running.values()]
         slice_tokens = self._pacer.plan(decoding=not all(prefilling), prefilling=any(prefilling))
-        set_prefill_slice(generator, slice_tokens)
-        try:
-            prompt_responses, generation_responses = generator.next()
+        try:  # the step's forward pass included (generator_step.py)
+            prompt_responses, generation_responses = generator_step(generator, slice_tokens)
         except Exception as exc:
             self._fail_batch(exc)
             return

@@ -1,0 +1,481 @@
+"""Wire types of OpenAI's Responses API (`POST /v1/responses`), what Codex CLI speaks.
+
+Requests are lenient as Codex needs: unknown fields, unknown input-item types and unknown
+tool types (`web_search`, `custom`, `local_shell`, …) are accepted and dropped by the mapping
+with a log note; what would change the output if misread is strict (roles, a function call's
+`call_id`/`name`/`arguments`, a function call output's `call_id`). A `namespace` tool (Codex
+0.171 puts its sub-agent tools in one) holds function tools, which are served flattened.
+
+Responses, output items, usage, stream events and the error envelope are the shapes the
+official SDK and Codex read; every stream event carries `type` and `sequence_number`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+
+from mlxlaunch.protocol import limits
+
+
+class ResponsesWire(BaseModel):
+    """Base of every request model: unknown fields are accepted and dropped."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+def _tag(known: tuple[str, ...], default: str) -> Any:
+    """A discriminator that sends any unknown (or missing) `type` to the `default` member."""
+
+    def choose(value: Any) -> str:
+        kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+        return kind if kind in known else default
+
+    return Discriminator(choose)
+
+
+# --- content parts ------------------------------------------------------------------------
+
+
+class InputText(ResponsesWire):
+    type: Literal["input_text"]
+    text: Annotated[str, Field(strict=True)]
+
+
+class OutputText(ResponsesWire):
+    type: Literal["output_text"]
+    text: Annotated[str, Field(strict=True)]
+
+
+class Refusal(ResponsesWire):
+    type: Literal["refusal"]
+    refusal: str = ""
+
+
+class InputImage(ResponsesWire):
+    type: Literal["input_image"]
+    image_url: str | None = None
+    file_id: str | None = None
+
+
+class OtherPart(ResponsesWire):
+    """A part of a type this server does not read (`input_file`, `input_audio`, …)."""
+
+    type: str = ""
+
+
+ContentPart = Annotated[
+    Annotated[InputText, Tag("input_text")]
+    | Annotated[OutputText, Tag("output_text")]
+    | Annotated[Refusal, Tag("refusal")]
+    | Annotated[InputImage, Tag("input_image")]
+    | Annotated[OtherPart, Tag("other")],
+    _tag(("input_text", "output_text", "refusal", "input_image"), "other"),
+]
+
+
+# --- input items --------------------------------------------------------------------------
+
+MessageRole = Literal["user", "assistant", "system", "developer"]
+
+
+class MessageItem(ResponsesWire):
+    """A message; `type` may be left out (the "easy" input message)."""
+
+    type: Literal["message"] = "message"
+    role: MessageRole
+    content: str | Annotated[list[ContentPart], Field(max_length=limits.MAX_BLOCKS)]
+    id: str | None = None
+
+
+class FunctionCallItem(ResponsesWire):
+    """A call the model made, sent back in the history."""
+
+    type: Literal["function_call"]
+    call_id: Annotated[str, Field(strict=True, min_length=1, max_length=limits.MAX_NAME_CHARS)]
+    name: Annotated[str, Field(strict=True, min_length=1, max_length=limits.MAX_NAME_CHARS)]
+    arguments: Annotated[str, Field(strict=True)]
+    # Codex names a call of a namespace tool by `name` and `namespace` apart.
+    namespace: str | None = None
+    id: str | None = None
+
+
+class FunctionCallOutputItem(ResponsesWire):
+    type: Literal["function_call_output"]
+    call_id: Annotated[str, Field(strict=True, min_length=1, max_length=limits.MAX_NAME_CHARS)]
+    output: str | list[ContentPart]
+
+
+class SummaryText(ResponsesWire):
+    type: str = "summary_text"
+    text: str = ""
+
+
+class ReasoningItem(ResponsesWire):
+    """Reasoning of an earlier turn: its readable text is kept, encrypted content ignored."""
+
+    type: Literal["reasoning"]
+    summary: list[SummaryText] = Field(default_factory=list)
+    content: list[SummaryText] | None = None
+    encrypted_content: str | None = None
+    id: str | None = None
+
+
+class OtherItem(ResponsesWire):
+    """An item of a type this server does not serve (`item_reference`, `web_search_call`, …)."""
+
+    type: str = ""
+
+
+InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem | OtherItem
+
+
+def _item_kind(value: Any) -> str:
+    if isinstance(value, dict) and "type" not in value and "role" in value:
+        return "message"  # the easy form: {"role": ..., "content": ...}
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    known = ("message", "function_call", "function_call_output", "reasoning")
+    return kind if kind in known else "other"
+
+
+InputItemOrEasy = Annotated[
+    Annotated[MessageItem, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[ReasoningItem, Tag("reasoning")]
+    | Annotated[OtherItem, Tag("other")],
+    Discriminator(_item_kind),
+]
+
+
+# --- tools --------------------------------------------------------------------------------
+
+
+class FunctionTool(ResponsesWire):
+    type: Literal["function"]
+    name: Annotated[str, Field(strict=True, min_length=1, max_length=limits.MAX_NAME_CHARS)]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class OtherTool(ResponsesWire):
+    """A hosted or custom tool (`web_search`, `custom`, `local_shell`, …): not served."""
+
+    type: str = ""
+
+
+NamespaceMember = Annotated[
+    Annotated[FunctionTool, Tag("function")] | Annotated[OtherTool, Tag("other")],
+    _tag(("function",), "other"),
+]
+
+
+class NamespaceTool(ResponsesWire):
+    """Function tools grouped under a name; calls name them by `namespace` and `name`."""
+
+    type: Literal["namespace"]
+    name: str
+    description: str | None = None
+    tools: list[NamespaceMember] = Field(default_factory=list)
+
+
+ResponsesTool = Annotated[
+    Annotated[FunctionTool, Tag("function")]
+    | Annotated[NamespaceTool, Tag("namespace")]
+    | Annotated[OtherTool, Tag("other")],
+    _tag(("function", "namespace"), "other"),
+]
+
+
+class ToolChoiceFunction(ResponsesWire):
+    type: Literal["function"]
+    name: str
+
+
+class ToolChoiceOther(ResponsesWire):
+    """`allowed_tools`, a hosted tool type, …: served as `auto`."""
+
+    type: str = ""
+
+
+ToolChoiceObject = Annotated[
+    Annotated[ToolChoiceFunction, Tag("function")] | Annotated[ToolChoiceOther, Tag("other")],
+    _tag(("function",), "other"),
+]
+
+
+# --- text format, reasoning ---------------------------------------------------------------
+
+
+class JsonSchemaTextFormat(ResponsesWire):
+    type: Literal["json_schema"]
+    name: str | None = None
+    json_schema: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None
+
+
+class OtherTextFormat(ResponsesWire):
+    """`text` (the default) or `json_object`: free text."""
+
+    type: str = "text"
+
+
+TextFormat = Annotated[
+    Annotated[JsonSchemaTextFormat, Tag("json_schema")] | Annotated[OtherTextFormat, Tag("other")],
+    _tag(("json_schema",), "other"),
+]
+
+
+class TextConfig(ResponsesWire):
+    format: TextFormat | None = None
+    verbosity: str | None = None
+
+
+class ReasoningConfig(ResponsesWire):
+    effort: str | None = None
+    summary: str | None = None
+
+
+# --- the request --------------------------------------------------------------------------
+
+MAX_INPUT_ITEMS = limits.MAX_MESSAGES * 4  # a turn of Codex's is up to four items
+
+
+class ResponsesRequest(ResponsesWire):
+    """Body of `POST /v1/responses`."""
+
+    model: Annotated[str, Field(strict=True, max_length=limits.MAX_NAME_CHARS)] = ""
+    input: str | Annotated[list[InputItemOrEasy], Field(max_length=MAX_INPUT_ITEMS)]
+    instructions: str | None = None
+    tools: Annotated[list[ResponsesTool], Field(max_length=limits.MAX_TOOLS)] | None = None
+    tool_choice: Literal["auto", "none", "required"] | ToolChoiceObject | None = None
+    parallel_tool_calls: bool | None = None
+    text: TextConfig | None = None
+    max_output_tokens: (
+        Annotated[int, Field(strict=True, ge=1, le=limits.MAX_OUTPUT_TOKENS)] | None
+    ) = None
+    reasoning: ReasoningConfig | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    # OpenAI keeps responses unless told not to; Codex says `false` and resends its history.
+    store: bool | None = None
+    previous_response_id: str | None = None
+    prompt_cache_key: str | None = None
+    include: list[str] | None = None
+    stream: bool = False
+    metadata: dict[str, Any] | None = None
+
+    @property
+    def items(self) -> list[InputItem]:
+        """`input` as items (a string is one user message)."""
+        if isinstance(self.input, str):
+            return [MessageItem(role="user", content=self.input)]
+        return list(self.input)
+
+    @property
+    def json_schema(self) -> dict[str, Any] | None:
+        fmt = self.text.format if self.text is not None else None
+        return dict(fmt.json_schema) if isinstance(fmt, JsonSchemaTextFormat) else None
+
+
+# --- the response -------------------------------------------------------------------------
+
+
+class OutputWire(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class OutputTextPart(OutputWire):
+    type: Literal["output_text"] = "output_text"
+    text: str = ""
+    annotations: list[Any] = Field(default_factory=list)
+
+
+class OutputMessage(OutputWire):
+    type: Literal["message"] = "message"
+    id: str
+    status: str = "in_progress"
+    role: Literal["assistant"] = "assistant"
+    content: list[OutputTextPart] = Field(default_factory=list)
+
+
+class OutputFunctionCall(OutputWire):
+    type: Literal["function_call"] = "function_call"
+    id: str
+    call_id: str
+    name: str
+    arguments: str = ""
+    status: str = "in_progress"
+    namespace: str | None = None
+
+
+class SummaryPart(OutputWire):
+    type: Literal["summary_text"] = "summary_text"
+    text: str = ""
+
+
+class OutputReasoning(OutputWire):
+    type: Literal["reasoning"] = "reasoning"
+    id: str
+    summary: list[SummaryPart] = Field(default_factory=list)
+    status: str = "in_progress"
+
+
+OutputItem = OutputMessage | OutputFunctionCall | OutputReasoning
+
+
+class InputTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
+class OutputTokensDetails(BaseModel):
+    reasoning_tokens: int = 0
+
+
+class ResponseUsage(BaseModel):
+    """`input_tokens` is the whole prompt (OpenAI's meaning), of which `cached_tokens` were
+    read from the prefix cache."""
+
+    input_tokens: int = 0
+    input_tokens_details: InputTokensDetails = Field(default_factory=InputTokensDetails)
+    output_tokens: int = 0
+    output_tokens_details: OutputTokensDetails = Field(default_factory=OutputTokensDetails)
+    total_tokens: int = 0
+
+
+class IncompleteDetails(BaseModel):
+    reason: Literal["max_output_tokens", "content_filter"]
+
+
+class ResponseError(BaseModel):
+    code: str
+    message: str
+
+
+ResponseStatus = Literal["in_progress", "completed", "incomplete", "failed", "cancelled"]
+
+
+class ResponseObject(OutputWire):
+    id: str
+    object: Literal["response"] = "response"
+    created_at: int
+    status: ResponseStatus = "in_progress"
+    model: str
+    output: list[OutputItem] = Field(default_factory=list)
+    usage: ResponseUsage | None = None
+    error: ResponseError | None = None
+    incomplete_details: IncompleteDetails | None = None
+    instructions: str | None = None
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    tool_choice: Any = "auto"
+    parallel_tool_calls: bool = True
+    max_output_tokens: int | None = None
+    previous_response_id: str | None = None
+    store: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    text: dict[str, Any] = Field(default_factory=lambda: {"format": {"type": "text"}})
+    reasoning: dict[str, Any] | None = None
+    truncation: str = "disabled"
+
+
+# --- stream events ------------------------------------------------------------------------
+
+
+class StreamEvent(BaseModel):
+    """One event of a Responses stream; the SSE event name is its `type`."""
+
+    type: str
+    sequence_number: int = 0
+
+
+class ResponseLifecycleEvent(StreamEvent):
+    """response.created / .in_progress / .completed / .incomplete / .failed."""
+
+    response: ResponseObject
+
+
+class OutputItemEvent(StreamEvent):
+    """response.output_item.added / .done."""
+
+    output_index: int
+    item: OutputItem
+
+
+class ContentPartEvent(StreamEvent):
+    """response.content_part.added / .done."""
+
+    item_id: str
+    output_index: int
+    content_index: int
+    part: OutputTextPart
+
+
+class TextDeltaEvent(StreamEvent):
+    """response.output_text.delta."""
+
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+    logprobs: list[Any] = Field(default_factory=list)
+
+
+class TextDoneEvent(StreamEvent):
+    """response.output_text.done."""
+
+    item_id: str
+    output_index: int
+    content_index: int
+    text: str
+    logprobs: list[Any] = Field(default_factory=list)
+
+
+class ArgumentsDeltaEvent(StreamEvent):
+    """response.function_call_arguments.delta."""
+
+    item_id: str
+    output_index: int
+    delta: str
+
+
+class ArgumentsDoneEvent(StreamEvent):
+    """response.function_call_arguments.done."""
+
+    item_id: str
+    output_index: int
+    name: str
+    arguments: str
+
+
+class SummaryPartEvent(StreamEvent):
+    """response.reasoning_summary_part.added / .done."""
+
+    item_id: str
+    output_index: int
+    summary_index: int
+    part: SummaryPart
+
+
+class SummaryDeltaEvent(StreamEvent):
+    """response.reasoning_summary_text.delta."""
+
+    item_id: str
+    output_index: int
+    summary_index: int
+    delta: str
+
+
+class SummaryDoneEvent(StreamEvent):
+    """response.reasoning_summary_text.done."""
+
+    item_id: str
+    output_index: int
+    summary_index: int
+    text: str
+
+
+# --- errors -------------------------------------------------------------------------------

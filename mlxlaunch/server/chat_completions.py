@@ -1,0 +1,498 @@
+"""`POST /v1/chat/completions`: OpenAI's Chat Completions API over the same engine request.
+
+A thin adapter: validate (protocol/openai_chat.py) → map (server/chat_mapping.py) → the
+engine's events → `ChatChunkStream`, one state machine for both answers: a stream of
+`chat.completion.chunk` lines ending in `data: [DONE]`, or the `chat.completion` that is the
+reduction of those chunks, so both give the same content for the same tokens.
+
+Every error is OpenAI's envelope `{"error": {"message", "type", "param", "code"}}` with the
+status the engine's error table gives (server/errors.py): 400 for the client's mistakes (a
+prompt too long has `code: context_length_exceeded`), 429 with `retry-after` when admission
+control refuses, 401 for a missing or wrong token (the shared auth guard answers in
+Anthropic's envelope; `in_openai_envelope` rewrites it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from mlxlaunch.engine.types import (
+    Admitted,
+    Done,
+    EngineEvent,
+    Progress,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallEvent,
+    ToolCallStart,
+    ToolInputDelta,
+)
+from mlxlaunch.engine.types import StopReason as EngineStopReason
+from mlxlaunch.engine.types import Usage as EngineUsage
+from mlxlaunch.protocol import limits
+from mlxlaunch.protocol.errors import wire_path
+from mlxlaunch.protocol.limits import LARGE_BODY_BYTES
+from mlxlaunch.protocol.openai_chat import (
+    AssistantOut,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    Choice,
+    ChoiceDelta,
+    ChunkChoice,
+    CompletionUsage,
+    FinishReason,
+    FunctionCallOut,
+    FunctionDelta,
+    PromptTokensDetails,
+    ToolCallDelta,
+    ToolCallOut,
+)
+from mlxlaunch.server.blocks import tool_input
+from mlxlaunch.server.bodies import json_object
+from mlxlaunch.server.chat_mapping import client_call_id, to_generation_request
+from mlxlaunch.server.errors import ApiError
+from mlxlaunch.server.openai_errors import (
+    in_openai_envelope,
+    openai_engine_error,
+    openai_error,
+    openai_error_response,
+)
+from mlxlaunch.server.streaming import EventPump, _End, cache_headers
+
+if TYPE_CHECKING:
+    from mlxlaunch.server.app import RequestLog, ServerSettings, ServingEngine
+
+log = logging.getLogger("mlxlaunch.server")
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+_FINISH_REASONS: dict[EngineStopReason, FinishReason] = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "max_tokens": "length",
+    "context_window": "length",
+    "tool_use": "tool_calls",
+    "cancelled": "stop",  # nobody is listening; any valid value will do
+}
+
+DONE_LINE = b"data: [DONE]\n\n"
+# An SSE comment: keeps the connection alive through a long prefill; SSE readers skip it.
+PING_LINE = b": ping\n\n"
+
+
+def chat_routes(
+    engine: ServingEngine,
+    settings: ServerSettings,
+    guard: Callable[[Callable[..., Any]], Callable[..., Any]],
+) -> list[Route]:
+    """The Chat Completions route, behind the server's auth guard."""
+    api = ChatCompletionsApi(engine, settings)
+    return [
+        Route(
+            "/v1/chat/completions",
+            in_openai_envelope(guard(api.create)),
+            methods=["POST"],
+        )
+    ]
+
+
+def parse_chat_body(raw_bytes: bytes) -> ChatCompletionRequest:
+    """Parse and validate a request body, or raise the 400 naming the field (as `param`)."""
+    raw = json_object(raw_bytes)
+    try:
+        return ChatCompletionRequest.model_validate(raw)
+    except ValidationError as exc:
+        message, param = describe_chat_error(exc, raw)
+        raise ApiError("invalid_request_error", message, details={"param": param}) from exc
+
+
+_MAX_REPORTED_ERRORS = 3
+
+
+def describe_chat_error(exc: ValidationError, raw: Any) -> tuple[str, str | None]:
+    """(one line naming each offending field path, the first path as OpenAI's `param`).
+
+    As `describe_validation_error` (protocol/errors.py) does, with the message's `role`
+    discriminator left out of the paths too: `messages.0.content`, not
+    `messages.0.user.content`."""
+    parts: list[str] = []
+    params: list[str] = []
+    for error in exc.errors(include_url=False)[:_MAX_REPORTED_ERRORS]:
+        path = wire_path(_without_role_tags(error["loc"], raw), raw)
+        message = str(error["msg"]).removeprefix("Value error, ")
+        ctx = error.get("ctx", {})
+        tag_field = str(ctx.get("discriminator", "'type'")).strip("'")
+        if error["type"] == "union_tag_not_found":
+            path, message = f"{path}.{tag_field}" if path else tag_field, "Field required"
+        elif error["type"] == "union_tag_invalid":
+            message = f"unknown {tag_field} {ctx.get('tag', '')!r} ({message})"
+        parts.append(f"{path}: {message}" if path else message)
+        params.append(path)
+    remaining = exc.error_count() - len(parts)
+    if remaining > 0:
+        parts.append(f"and {remaining} more error(s)")
+    return "; ".join(parts), (params[0] if params and params[0] else None)
+
+
+def _without_role_tags(loc: tuple[int | str, ...], raw: Any) -> tuple[int | str, ...]:
+    kept: list[int | str] = []
+    node: Any = raw
+    for step in loc:
+        if isinstance(node, dict) and node.get("role") == step and step not in node:
+            continue  # the union's tag (the message's role), not a field
+        kept.append(step)
+        if isinstance(node, dict) and isinstance(step, str):
+            node = node.get(step)
+        elif isinstance(node, list) and isinstance(step, int) and 0 <= step < len(node):
+            node = node[step]
+        else:
+            node = None
+    return tuple(kept)
+
+
+# --- events → chunks -------------------------------------------------------------------------
+
+
+@dataclass
+class _Call:
+    id: str  # the client's `call_…` id
+    name: str
+    pieces: list[str] = field(default_factory=list)  # the arguments as streamed
+
+
+class ChatChunkStream:
+    """Builds one completion from engine events, as chunks and as their reduction.
+
+    Args:
+        completion_id: the `chatcmpl-…` id of the answer.
+        model: the model id the client asked for (echoed back).
+        created: Unix seconds, the same on every chunk.
+        include_usage: end the stream with the usage chunk (`stream_options.include_usage`).
+    """
+
+    def __init__(
+        self, *, completion_id: str, model: str, created: int, include_usage: bool = False
+    ) -> None:
+        self.completion_id = completion_id
+        self.model = model
+        self.created = created
+        self.include_usage = include_usage
+        self.started = False
+        self.finished = False
+        self.finish_reason: FinishReason | None = None
+        self.usage = CompletionUsage()
+        self._content: list[str] = []
+        self._reasoning: list[str] = []
+        self._calls: list[_Call] = []
+        self._open_call: dict[str, int] = {}  # engine id → index, while its arguments stream
+
+    def feed(self, event: EngineEvent) -> list[ChatCompletionChunk]:
+        """The chunks that follow from one engine event (often none or one)."""
+        out: list[ChatCompletionChunk] = []
+        if isinstance(event, Admitted):
+            self.usage = openai_usage(EngineUsage(event.prompt_tokens, event.cached_tokens, 0))
+            self._start(out)
+            return out
+        if isinstance(event, Progress):
+            return out
+        if self.finished:
+            raise RuntimeError(f"engine event after Done: {event!r}")
+        self._start(out)
+        if isinstance(event, TextDelta):
+            if event.text:
+                self._content.append(event.text)
+                out.append(self._chunk(ChoiceDelta(content=event.text)))
+        elif isinstance(event, ThinkingDelta):
+            if event.text:
+                self._reasoning.append(event.text)
+                out.append(self._chunk(ChoiceDelta(reasoning_content=event.text)))
+        elif isinstance(event, ToolCallStart):
+            out.append(self._begin_call(event.id, event.name, ""))
+        elif isinstance(event, ToolInputDelta):
+            index = self._open_call.get(event.id)
+            if index is not None and event.partial_json:
+                self._calls[index].pieces.append(event.partial_json)
+                piece = ToolCallDelta(
+                    index=index, function=FunctionDelta(arguments=event.partial_json)
+                )
+                out.append(self._chunk(ChoiceDelta(tool_calls=[piece])))
+        elif isinstance(event, ToolCallEvent):
+            out.extend(self._end_call(event))
+        elif isinstance(event, Done):
+            self.finished = True
+            self.finish_reason = _FINISH_REASONS[event.stop_reason]
+            self.usage = openai_usage(event.usage)
+            out.append(self._chunk(ChoiceDelta(), finish_reason=self.finish_reason))
+            if self.include_usage:
+                out.append(self._base(choices=[], usage=self.usage))
+        return out
+
+    def _start(self, out: list[ChatCompletionChunk]) -> None:
+        if not self.started:
+            self.started = True
+            out.append(self._chunk(ChoiceDelta(role="assistant", content="")))
+
+    def _begin_call(self, engine_id: str, name: str, arguments: str) -> ChatCompletionChunk:
+        index = len(self._calls)
+        self._calls.append(_Call(client_call_id(engine_id), name, [arguments] if arguments else []))
+        self._open_call = {engine_id: index}
+        function = FunctionDelta(name=name, arguments=arguments)
+        first = ToolCallDelta(
+            index=index, id=self._calls[index].id, type="function", function=function
+        )
+        return self._chunk(ChoiceDelta(tool_calls=[first]))
+
+    def _end_call(self, event: ToolCallEvent) -> list[ChatCompletionChunk]:
+        """A call ends: one that streamed is complete (its pieces are its arguments); one
+        that arrives whole, or streamed no piece, is sent as one normalised piece."""
+        arguments = json.dumps(
+            tool_input(event.arguments, event.name), ensure_ascii=False, separators=(",", ":")
+        )
+        index = self._open_call.pop(event.id, None)
+        if index is None:
+            return [self._begin_call(event.id, event.name, arguments)]
+        call = self._calls[index]
+        if call.pieces:
+            return []
+        call.pieces.append(arguments)
+        piece = ToolCallDelta(index=index, function=FunctionDelta(arguments=arguments))
+        return [self._chunk(ChoiceDelta(tool_calls=[piece]))]
+
+    def _chunk(
+        self, delta: ChoiceDelta, finish_reason: FinishReason | None = None
+    ) -> ChatCompletionChunk:
+        return self._base(choices=[ChunkChoice(delta=delta, finish_reason=finish_reason)])
+
+    def _base(
+        self, *, choices: list[ChunkChoice], usage: CompletionUsage | None = None
+    ) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
+            id=self.completion_id,
+            created=self.created,
+            model=self.model,
+            choices=choices,
+            usage=usage,
+        )
+
+    def completion(self) -> ChatCompletion:
+        """The reduction of every chunk so far: the non-streaming answer."""
+        calls = [
+            ToolCallOut(
+                id=call.id,
+                function=FunctionCallOut(
+                    name=call.name,
+                    arguments=json.dumps(
+                        tool_input("".join(call.pieces), call.name),
+                        ensure_ascii=False,
+                        separators=(",", ":"),
+                    ),
+                ),
+            )
+            for call in self._calls
+        ]
+        content = "".join(self._content)
+        message = AssistantOut(
+            content=content if content or not calls else None,
+            tool_calls=calls or None,
+            reasoning_content="".join(self._reasoning) if self._reasoning else None,
+        )
+        return ChatCompletion(
+            id=self.completion_id,
+            created=self.created,
+            model=self.model,
+            choices=[Choice(message=message, finish_reason=self.finish_reason)],
+            usage=self.usage,
+        )
+
+
+def openai_usage(usage: EngineUsage) -> CompletionUsage:
+    """OpenAI's usage: the prompt counts its cached part, which the details name."""
+    return CompletionUsage(
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.output_tokens,
+        total_tokens=usage.prompt_tokens + usage.output_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=usage.cached_tokens),
+    )
+
+
+def sse_line(payload: BaseModel) -> bytes:
+    """One `data:` line of the stream (no `event:` names in this API)."""
+    return b"data: " + payload.model_dump_json().encode() + b"\n\n"
+
+
+def new_completion_id() -> str:
+    """A fresh `chatcmpl-…` id (also the engine request id)."""
+    return "chatcmpl-" + secrets.token_hex(12)
+
+
+# --- the handler -----------------------------------------------------------------------------
+
+
+class ChatCompletionsApi:
+    """The Chat Completions handler, bound to one engine and one set of settings."""
+
+    def __init__(self, engine: ServingEngine, settings: ServerSettings) -> None:
+        self.engine = engine
+        self.settings = settings
+
+    async def create(self, request: Request) -> Response:
+        try:
+            return await self._create(request)
+        except ApiError as exc:
+            if exc.status < 500:
+                log.info("%s %s refused: status=%d %s", request.method, request.url.path,
+                         exc.status, exc.message[:200])  # fmt: skip
+            return openai_error_response(exc)
+        except Exception as exc:  # never let a bug become a non-envelope 500 or a crash
+            return openai_error_response(openai_engine_error(exc))
+
+    async def _create(self, request: Request) -> Response:
+        # Imported here: server/app.py imports this module to build its routes.
+        from mlxlaunch.server.app import RequestLog, clamp_headers
+
+        raw = await request.body()
+        if len(raw) > LARGE_BODY_BYTES:  # parsed off the loop: /health stays live
+            body = await asyncio.to_thread(parse_chat_body, raw)
+        else:
+            body = parse_chat_body(raw)
+        completion_id = new_completion_id()
+        info = self.engine.model_info
+        try:
+            gen = await asyncio.to_thread(
+                partial(
+                    to_generation_request,
+                    body,
+                    request_id=completion_id,
+                    # Before the first load nothing is known: the engine lowers the cap to
+                    # what fits, and a thinking request goes to the template as it is.
+                    context_window=info.context_window if info else limits.MAX_OUTPUT_TOKENS,
+                    accepts_images=bool(info is not None and info.vision),
+                    model_thinks=info is None or info.has_thinking,
+                )
+            )
+        except Exception as exc:
+            raise openai_engine_error(exc) from exc
+        chunks = ChatChunkStream(
+            completion_id=completion_id,
+            model=body.model,
+            created=int(time.time()),
+            include_usage=body.include_usage,
+        )
+        record = RequestLog(completion_id, body.model, time.monotonic())
+        try:
+            pump = EventPump(self.engine.submit(gen))
+            # Non-streaming answers carry errors as statuses at any time: no need to wait here.
+            wait = self.settings.admission_grace_s if body.stream else 0.0
+            first = await pump.next(wait)
+        except Exception as exc:
+            error = openai_engine_error(exc)
+            record.finish(error.status)
+            raise error from exc
+        headers = {**clamp_headers(first), **cache_headers(first)}
+        if body.stream:
+            return StreamingResponse(
+                self._stream(pump, first, chunks, record),
+                media_type="text/event-stream",
+                headers={"cache-control": "no-cache", "x-accel-buffering": "no", **headers},
+            )
+        return await self._complete(request, pump, first, chunks, record, headers)
+
+    async def _complete(
+        self,
+        request: Request,
+        pump: EventPump,
+        event: EngineEvent | _End | None,
+        chunks: ChatChunkStream,
+        record: RequestLog,
+        headers: dict[str, str],
+    ) -> Response:
+        """Non-streaming: run the same state machine, answer with its reduction."""
+        from mlxlaunch.server.app import clamp_headers
+
+        watcher = asyncio.create_task(self._cancel_on_disconnect(request, chunks.completion_id))
+        try:
+            while not isinstance(event, _End):
+                if event is not None:
+                    record.observe(event)
+                    headers.update(clamp_headers(event))
+                    headers.update(cache_headers(event))
+                    chunks.feed(event)
+                if chunks.finished:
+                    break
+                event = await pump.next(self.settings.heartbeat_s)
+            if not chunks.finished:
+                raise ApiError("api_error", "generation ended without finishing the completion")
+        except Exception as exc:
+            error = openai_engine_error(exc)
+            record.finish(error.status)
+            raise error from exc
+        finally:
+            watcher.cancel()
+            await pump.aclose()
+        left = watcher.done() and not watcher.cancelled()
+        record.finish(499 if left else 200)
+        return JSONResponse(chunks.completion().model_dump(mode="json"), headers=headers)
+
+    async def _cancel_on_disconnect(self, request: Request, request_id: str) -> None:
+        """Cancel `request_id` in the engine as soon as the client disconnects."""
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                log.info("%s: client disconnected; cancelling", request_id)
+                self.engine.cancel(request_id)
+                return
+
+    async def _stream(
+        self,
+        pump: EventPump,
+        event: EngineEvent | _End | None,
+        chunks: ChatChunkStream,
+        record: RequestLog,
+    ) -> AsyncIterator[bytes]:
+        """Streaming: chunk lines, a ping comment during silence, then `data: [DONE]`."""
+        heartbeat = self.settings.heartbeat_s
+        last_sent = time.monotonic()
+        status = 200
+        try:
+            while not isinstance(event, _End):
+                if event is not None:
+                    record.observe(event)
+                    for chunk in chunks.feed(event):
+                        yield sse_line(chunk)
+                        last_sent = time.monotonic()
+                if chunks.finished:
+                    break
+                # Progress events keep arriving during a long prefill: ping on elapsed time.
+                if time.monotonic() - last_sent >= heartbeat:
+                    yield PING_LINE
+                    last_sent = time.monotonic()
+                event = await pump.next(max(0.0, heartbeat - (time.monotonic() - last_sent)))
+            if not chunks.finished:
+                raise ApiError("api_error", "generation ended without finishing the completion")
+            yield DONE_LINE
+        except Exception as exc:
+            # Headers are gone: the error goes in the stream, as OpenAI's SDKs read it.
+            error = openai_engine_error(exc)
+            status = error.status
+            yield sse_line(openai_error(error))
+            yield DONE_LINE
+        finally:
+            if not chunks.finished:
+                self.engine.cancel(chunks.completion_id)
+                status = status if status != 200 else 499  # client went away
+            await pump.aclose()
+            record.finish(status)

@@ -1,0 +1,336 @@
+"""Responses request → engine `GenerationRequest`, and the names and ids between them.
+
+Items become chat-template messages: `instructions` and leading `system`/`developer` messages
+one system prompt (later ones stay in place), a run of assistant-side items (reasoning,
+assistant message, function calls) one assistant message, each `function_call_output` a tool
+message in the order the calls were made. The same history maps to the same messages on every
+turn, so the prefix cache keeps hitting as Codex resends its whole history.
+
+Ids and names are pure functions both ways, for the same reason: an engine call id `toolu_X`
+is `call_X` on the wire (and back), and a namespace tool's function is offered to the model
+under its own name (`<namespace>__<name>` when that name is taken) and answered with `name`
+and `namespace` apart, as Codex routes it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlxlaunch.engine.types import (
+    ChatMessage,
+    GenerationRequest,
+    InvalidRequest,
+    RequestKind,
+    Role,
+    Sampling,
+    ToolCallRecord,
+    ToolChoice,
+    ToolSpec,
+)
+from mlxlaunch.protocol.openai_responses import (
+    ContentPart,
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    FunctionTool,
+    InputImage,
+    InputItem,
+    InputText,
+    MessageItem,
+    NamespaceTool,
+    OutputText,
+    ReasoningItem,
+    Refusal,
+    ResponsesRequest,
+    ToolChoiceFunction,
+)
+
+log = logging.getLogger("mlxlaunch.server")
+
+PART_SEPARATOR = "\n\n"
+ENGINE_CALL_PREFIX = "toolu_"
+CLIENT_CALL_PREFIX = "call_"
+# Output cap when the client sets none: the engine clamps it to what the window leaves.
+DEFAULT_MAX_OUTPUT_TOKENS = 32_768
+_CODEX_MARKER = "You are a coding agent running in the Codex CLI"
+# Reasoning efforts that mean "do not think".
+_NO_THINKING = ("none", "minimal")
+
+
+def client_call_id(engine_id: str) -> str:
+    """The `call_id` a client sees for the engine's call `engine_id`."""
+    return CLIENT_CALL_PREFIX + engine_id.removeprefix(ENGINE_CALL_PREFIX)
+
+
+def engine_call_id(call_id: str) -> str:
+    """The engine's id for a `call_id` a client sent back (the inverse of `client_call_id`;
+    other servers' ids pass through as they are)."""
+    if call_id.startswith(CLIENT_CALL_PREFIX):
+        return ENGINE_CALL_PREFIX + call_id.removeprefix(CLIENT_CALL_PREFIX)
+    return call_id
+
+
+@dataclass(frozen=True)
+class ToolNames:
+    """The function tools of one request under the names the model sees, both ways."""
+
+    wire: dict[str, tuple[str | None, str]] = field(default_factory=dict)  # model → (ns, name)
+    model: dict[tuple[str | None, str], str] = field(default_factory=dict)
+
+    def for_model(self, namespace: str | None, name: str) -> str:
+        return self.model.get((namespace, name), name)
+
+    def for_client(self, model_name: str) -> tuple[str | None, str]:
+        return self.wire.get(model_name, (None, model_name))
+
+
+def function_tools(body: ResponsesRequest) -> tuple[list[ToolSpec], ToolNames]:
+    """The function tools, namespaces flattened; other tool types are ignored (one note)."""
+    top: list[FunctionTool] = []
+    grouped: list[tuple[str, str | None, FunctionTool]] = []
+    ignored: list[str] = []
+    for tool in body.tools or []:
+        if isinstance(tool, FunctionTool):
+            top.append(tool)
+        elif isinstance(tool, NamespaceTool):
+            for member in tool.tools:
+                if isinstance(member, FunctionTool):
+                    grouped.append((tool.name, tool.description, member))
+                else:
+                    ignored.append(f"{tool.name}.{member.type or '?'}")
+        else:
+            ignored.append(tool.type or "?")
+    if ignored:
+        log.info("responses: tool types not served, ignored: %s", ", ".join(sorted(set(ignored))))
+    names = ToolNames()
+    specs: list[ToolSpec] = []
+    taken = {tool.name for tool in top}
+    for tool in top:
+        names.wire[tool.name] = (None, tool.name)
+        names.model[(None, tool.name)] = tool.name
+        specs.append(_spec(tool.name, tool))
+    for namespace, _, tool in grouped:
+        model_name = tool.name if tool.name not in taken else f"{namespace}__{tool.name}"
+        taken.add(model_name)
+        names.wire[model_name] = (namespace, tool.name)
+        names.model[(namespace, tool.name)] = model_name
+        specs.append(_spec(model_name, tool))
+    return specs, names
+
+
+def _spec(name: str, tool: FunctionTool) -> ToolSpec:
+    parameters = dict(tool.parameters or {"type": "object", "properties": {}})
+    return ToolSpec(
+        name=name,
+        description=tool.description or "",
+        parameters=parameters,
+        strict=bool(tool.strict),
+    )
+
+
+def to_generation_request(
+    body: ResponsesRequest,
+    items: Sequence[InputItem],
+    *,
+    request_id: str,
+    accepts_images: bool,
+    thinks: bool,
+    context_window: int | None,
+) -> tuple[GenerationRequest, ToolNames]:
+    """The engine request for `body` whose whole input is `items` (a continued response's
+    history included), and the tool names to answer calls with.
+
+    Raises:
+        InvalidRequest: an output for an unknown call, a call left without output, an image
+            for a model without vision, arguments that are not a JSON object.
+    """
+    tools, names = function_tools(body)
+    messages = conversation(items, names, accepts_images=accepts_images)
+    if body.instructions:
+        if messages and messages[0].role == "system":
+            messages[0].content = PART_SEPARATOR.join((body.instructions, messages[0].content))
+        else:
+            messages.insert(0, ChatMessage(role="system", content=body.instructions))
+    effort = body.reasoning.effort if body.reasoning is not None else None
+    thinking = thinks and body.reasoning is not None and effort not in _NO_THINKING
+    max_tokens = body.max_output_tokens or min(
+        context_window or DEFAULT_MAX_OUTPUT_TOKENS, DEFAULT_MAX_OUTPUT_TOKENS
+    )
+    return (
+        GenerationRequest(
+            messages=messages,
+            max_tokens=max_tokens,
+            tools=tools,
+            tool_choice=tool_choice(body, names),
+            sampling=Sampling(temperature=body.temperature, top_p=body.top_p),
+            thinking=thinking,
+            response_schema=body.json_schema,
+            request_id=request_id,
+            kind=request_kind(messages, tools),
+            model_alias=body.model,
+        ),
+        names,
+    )
+
+
+def tool_choice(body: ResponsesRequest, names: ToolNames) -> ToolChoice:
+    parallel = body.parallel_tool_calls is not False
+    choice = body.tool_choice
+    if choice == "none":
+        return ToolChoice(mode="none")
+    if choice == "required":
+        return ToolChoice(mode="any", parallel=parallel)
+    if isinstance(choice, ToolChoiceFunction):
+        named = next((m for m, (_, n) in names.wire.items() if n == choice.name), choice.name)
+        return ToolChoice(mode="tool", name=named, parallel=parallel)
+    return ToolChoice(mode="auto", parallel=parallel)
+
+
+def request_kind(messages: list[ChatMessage], tools: list[ToolSpec]) -> RequestKind:
+    """Label for stats: Codex's main agent, or other."""
+    system = messages[0].content if messages and messages[0].role == "system" else ""
+    return "main" if tools and _CODEX_MARKER in system else "other"
+
+
+class _Conversation:
+    """Messages being built, with the open assistant turn's calls and their outputs."""
+
+    def __init__(self, names: ToolNames, accepts_images: bool) -> None:
+        self.names = names
+        self.accepts_images = accepts_images
+        self.out: list[ChatMessage] = []
+        self.assistant: ChatMessage | None = None  # the run of assistant items being read
+        self.calls: list[ToolCallRecord] = []  # the latest assistant turn's calls
+        self.results: dict[str, ChatMessage] = {}  # call id → its tool message
+        self.ignored: set[str] = set()
+
+    def add(self, index: int, item: InputItem) -> None:
+        if isinstance(item, MessageItem):
+            self._message(index, item)
+        elif isinstance(item, FunctionCallItem):
+            self._function_call(index, item)
+        elif isinstance(item, FunctionCallOutputItem):
+            self._function_output(index, item)
+        elif isinstance(item, ReasoningItem):
+            text = "\n".join(p.text for p in [*item.summary, *(item.content or [])] if p.text)
+            turn = self._open_assistant()
+            if text:
+                turn.reasoning = "\n".join(t for t in (turn.reasoning, text) if t)
+        else:
+            self.ignored.add(item.type or "?")
+
+    def _open_assistant(self) -> ChatMessage:
+        if self.assistant is None:
+            self.close_results()
+            self.assistant = ChatMessage(role="assistant")
+            self.out.append(self.assistant)
+        return self.assistant
+
+    def _message(self, index: int, item: MessageItem) -> None:
+        text = self._text(index, item.content)
+        if item.role == "assistant":
+            turn = self._open_assistant()
+            turn.content += text
+            return
+        self._end_assistant()
+        self.close_results()
+        role: Role = "user" if item.role == "user" else "system"
+        if role == "system" and self.out and self.out[-1].role == "system":
+            self.out[-1].content = PART_SEPARATOR.join(p for p in (self.out[-1].content, text) if p)
+        else:
+            self.out.append(ChatMessage(role=role, content=text))
+
+    def _function_call(self, index: int, item: FunctionCallItem) -> None:
+        try:
+            arguments = json.loads(item.arguments) if item.arguments.strip() else {}
+        except json.JSONDecodeError as exc:
+            raise InvalidRequest(f"input.{index}.arguments: not valid JSON ({exc})") from exc
+        if not isinstance(arguments, dict):
+            raise InvalidRequest(f"input.{index}.arguments: must be a JSON object")
+        turn = self._open_assistant()
+        call = ToolCallRecord(
+            id=engine_call_id(item.call_id),
+            name=self.names.for_model(item.namespace, item.name),
+            arguments=arguments,
+        )
+        turn.tool_calls.append(call)
+        self.calls.append(call)
+
+    def _function_output(self, index: int, item: FunctionCallOutputItem) -> None:
+        self._end_assistant()
+        wanted = engine_call_id(item.call_id)
+        call = next((c for c in self.calls if c.id == wanted), None)
+        if call is None:
+            raise InvalidRequest(
+                f"input.{index}: no function_call with call_id {item.call_id!r} precedes "
+                "this function_call_output"
+            )
+        if call.id in self.results:
+            raise InvalidRequest(f"input.{index}: a second output for call_id {item.call_id!r}")
+        output = item.output if isinstance(item.output, str) else self._text(index, item.output)
+        self.results[call.id] = ChatMessage(
+            role="tool", content=output, tool_call_id=call.id, name=call.name
+        )
+
+    def _end_assistant(self) -> None:
+        self.assistant = None
+
+    def close_results(self) -> None:
+        """The outputs of the latest calls, in the order the calls were made; every call
+        needs its output before the conversation goes on (or ends)."""
+        if not self.calls:
+            return
+        missing = [c.id for c in self.calls if c.id not in self.results]
+        if missing:
+            raise InvalidRequest(
+                "no function_call_output found for function call(s) "
+                + ", ".join(client_call_id(m) for m in missing)
+            )
+        self.out.extend(self.results[c.id] for c in self.calls)
+        self.calls, self.results = [], {}
+
+    def _text(self, index: int, content: str | list[ContentPart]) -> str:
+        if isinstance(content, str):
+            return content
+        texts: list[str] = []
+        for part in content:
+            if isinstance(part, InputText | OutputText):
+                texts.append(part.text)
+            elif isinstance(part, Refusal):
+                texts.append(part.refusal)
+            elif isinstance(part, InputImage):
+                if not self.accepts_images:
+                    raise InvalidRequest(
+                        f"input.{index}: this model does not accept images (input_image needs "
+                        "a vision model)"
+                    )
+                texts.append("[image omitted]")
+            else:
+                self.ignored.add(f"{part.type or '?'} part")
+        return PART_SEPARATOR.join(texts)
+
+
+def conversation(
+    items: Sequence[InputItem], names: ToolNames, *, accepts_images: bool = False
+) -> list[ChatMessage]:
+    """The chat-template messages for `items`, in order."""
+    built = _Conversation(names, accepts_images)
+    for index, item in enumerate(items):
+        built.add(index, item)
+    built._end_assistant()
+    built.close_results()
+    if built.ignored:
+        log.info("responses: input items not served, ignored: %s", ", ".join(sorted(built.ignored)))
+    return built.out
+
+
+def parse_arguments(arguments: str) -> dict[str, Any] | None:
+    """The arguments object of a call's JSON text, or None when it is not one."""
+    try:
+        parsed = json.loads(arguments) if arguments.strip() else {}
+    except json.JSONDecodeError:
+        return None
+    return parsed if isinstance(parsed, dict) else None

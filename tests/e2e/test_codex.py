@@ -1,0 +1,115 @@
+"""End to end: the real Codex CLI (pinned) through `mlx launch codex` on a scripted test model.
+
+`mlx launch codex --model M -- exec "write the proof file"` with no other flag: the launcher's
+per-launch CODEX_HOME points Codex at `/v1/responses`, and the scripted model calls Codex's
+own shell tool (`exec_command` with `{"cmd": …}`, as in tests/fixtures/codex-0.171.0), which
+writes the file; the second request carries the tool output back and gets the final answer.
+Codex asks for reasoning summaries, so the test model thinks: each reply closes its span.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from e2e.claude_cli import claude_cache_dir
+from scripted_mlx import scripted_mlx_command, write_script
+
+from mlxlaunch.launch.agent_bin import install_agent, pinned_binary
+from mlxlaunch.launch.codex_config import CODEX_VERSION
+from mlxlaunch.launch.integrations import CODEX, Integration
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+RESPONSE_LINE = re.compile(
+    r"mlxlaunch\.server: resp_\w+ .* prompt=(\d+) cached=(\d+) .* status=200"
+)
+
+
+def agent_prefix(agent: Integration) -> Path:
+    """Where tests keep an agent's pinned npm install, shared across runs."""
+    return claude_cache_dir().parent / "npm-agents" / agent.name / agent.release.version
+
+
+def install_pinned(agent: Integration) -> Path | None:
+    """The pinned release, installed once per machine by the product's installer; None: no npm."""
+    binary = pinned_binary(agent, agent_prefix(agent))
+    if binary.exists():
+        return binary
+    if subprocess.run(["which", "npm"], capture_output=True, check=False).returncode != 0:
+        return None
+    return install_agent(agent, agent_prefix(agent), timeout=900)
+
+
+@pytest.fixture(scope="session")
+def real_codex() -> Path:
+    binary = install_pinned(CODEX)
+    if binary is None:
+        pytest.skip(f"npm is not installed: cannot install Codex {CODEX_VERSION}")
+    return binary
+
+
+def launch_env(tmp_path: Path) -> dict[str, str]:
+    """The environment of a user with a fresh home and no provider settings of their own."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("ANTHROPIC_", "CLAUDE_", "OPENAI_", "CODEX_", "OPENCODE"))
+    }
+    env.update(
+        HOME=str(tmp_path / "user"),
+        MLXLAUNCH_HOME=str(tmp_path / "mlx"),
+        MLXLAUNCH_CONFIG_DIR=str(tmp_path / "mlx-config"),
+        PWD=str(tmp_path / "work"),  # opencode takes its directory from $PWD, as shells set it
+    )
+    return env
+
+
+def test_codex_exec_runs_a_shell_tool_round_trip(
+    tmp_path: Path, real_codex: Path, small_model_dir: Path
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    # Codex's own rule, kept: `codex exec` runs in a git repository (or with its
+    # --skip-git-repo-check, which the launcher never adds for the user).
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    (tmp_path / "user").mkdir()
+    call = {"name": "exec_command", "arguments": {"cmd": "echo codex-proof > proof.txt"}}
+    tool_turn = f"</think>\n\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
+    final = "The proof file is written."
+    script = write_script(tmp_path / "script.json", [tool_turn] + [f"</think>\n\n{final}"] * 3)
+    done = subprocess.run(
+        [
+            *scripted_mlx_command(script),
+            "launch",
+            "codex",
+            "--model",
+            str(small_model_dir),
+            "--codex-bin",
+            str(real_codex),
+            "--",
+            "exec",
+            "write the proof file",
+        ],
+        cwd=work,
+        env=launch_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=420,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    logs = list((tmp_path / "mlx" / "logs").glob("launch-*.log"))
+    log = logs[0].read_text() if logs else ""
+    assert done.returncode == 0, done.stdout + done.stderr + log
+    assert (work / "proof.txt").read_text().strip() == "codex-proof", done.stderr + log
+    assert final in done.stdout + done.stderr
+    served = [(int(p), int(c)) for p, c in RESPONSE_LINE.findall(log)]
+    assert len(served) >= 2 and served[1][0] > served[0][0], log  # the tool output came back
+    # Nothing of the launch is left behind: the per-launch CODEX_HOME is gone.
+    assert not list((tmp_path / "mlx" / "agents" / "codex").glob("launch-*"))
+    assert not (tmp_path / "user" / ".codex").exists()  # the user's own Codex home untouched

@@ -1,0 +1,78 @@
+"""End to end: the real opencode (pinned) through `mlx launch opencode` on a scripted test model.
+
+`mlx launch opencode --model M -- run "write the proof file"` with no other flag: the
+launcher's `OPENCODE_CONFIG_CONTENT` points opencode at `/v1/chat/completions`, and the scripted
+model calls opencode's own `bash` tool, which writes the file; the request that carries the
+tool output back gets the final answer.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from e2e.test_codex import install_pinned, launch_env
+from scripted_mlx import scripted_mlx_command, write_script
+
+from mlxlaunch.launch.integrations import OPENCODE
+from mlxlaunch.launch.opencode_config import OPENCODE_VERSION
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+CHAT_LINE = re.compile(r"mlxlaunch\.server: chatcmpl-?\w+ .*status=200")
+
+
+@pytest.fixture(scope="session")
+def real_opencode() -> Path:
+    binary = install_pinned(OPENCODE)
+    if binary is None:
+        pytest.skip(f"npm is not installed: cannot install opencode {OPENCODE_VERSION}")
+    return binary
+
+
+def test_opencode_run_runs_a_bash_tool_round_trip(
+    tmp_path: Path, real_opencode: Path, small_model_dir: Path
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (tmp_path / "user").mkdir()
+    call = {
+        "name": "bash",
+        "arguments": {"command": "echo opencode-proof > proof.txt", "description": "Write it"},
+    }
+    tool_turn = f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+    final = "The proof file is written."
+    # opencode asks for a session title first (a short prompt without tools), then works.
+    script = write_script(tmp_path / "script.json", ["Proof file", tool_turn] + [final] * 4)
+    done = subprocess.run(
+        [
+            *scripted_mlx_command(script),
+            "launch",
+            "opencode",
+            "--model",
+            str(small_model_dir),
+            "--opencode-bin",
+            str(real_opencode),
+            "--",
+            "run",
+            "write the proof file",
+        ],
+        cwd=work,
+        env=launch_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=420,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    logs = list((tmp_path / "mlx" / "logs").glob("launch-*.log"))
+    log = logs[0].read_text() if logs else ""
+    assert done.returncode == 0, done.stdout + done.stderr + log
+    assert (work / "proof.txt").read_text().strip() == "opencode-proof", (
+        done.stdout + done.stderr + log
+    )
+    assert final in done.stdout + done.stderr
+    assert len(CHAT_LINE.findall(log)) >= 2, log  # the tool output came back

@@ -1,0 +1,498 @@
+"""`POST /v1/responses` through the real server, engine and tiny model, with the official
+`openai` SDK as client: text streamed and not, a function-call round trip, usage with cached
+tokens, json_schema output, Codex's tool list, errors in OpenAI's envelope, stored responses,
+and a Codex-shaped session (the captured Codex 0.171 requests, growing by a function call and
+its output per turn) reusing the previous turn's prompt from the prefix cache."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from mlxlaunch.engine.config import EngineConfig
+from mlxlaunch.engine.engine import Engine
+from mlxlaunch.engine.types import (
+    Admitted,
+    Done,
+    ThinkingDelta,
+    ToolCallEvent,
+    ToolCallStart,
+    ToolInputDelta,
+    Usage,
+)
+from mlxlaunch.protocol.openai_responses import ResponsesRequest
+from mlxlaunch.protocol.sse import parse_frames
+from mlxlaunch.server.app import ServerSettings
+from mlxlaunch.server.responses_mapping import (
+    client_call_id,
+    engine_call_id,
+    to_generation_request,
+)
+from mlxlaunch.server.responses_stream import ResponseStream, new_response
+from mlxlaunch.server.runner import ServerHandle, start_server
+from mlxlaunch.testing.scripted import ScriptedOutput
+
+slow = pytest.mark.slow  # the tests that serve a model
+
+FIXTURES = Path(__file__).parent / "fixtures" / "codex-0.171.0"
+WEATHER: dict[str, Any] = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+}
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+@dataclass
+class Served:
+    server: ServerHandle
+    scripted: ScriptedOutput
+
+    @property
+    def client(self) -> Any:  # the SDK, untyped: tests send loose dicts
+        return openai.OpenAI(base_url=self.server.url + "/v1", api_key="x", max_retries=0)
+
+
+def _serve(model: Path, tmp: Path, **config: Any) -> Iterator[Served]:
+    settings_fields = {k: config.pop(k) for k in ("auth_token",) if k in config}
+    scripted = ScriptedOutput()
+    engine = Engine(EngineConfig(model=str(model), logits_hook=scripted, **config))
+    engine.start()
+    settings = ServerSettings(threads_dir=tmp / "threads", **settings_fields)
+    server = start_server(engine, settings)
+    try:
+        yield Served(server, scripted)
+    finally:
+        server.stop()
+        engine.close()
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    yield from _serve(tiny_model_dir, tmp_path_factory.mktemp("responses"))
+
+
+@pytest.fixture(scope="module")
+def strict(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """A server with an auth token and a 64-token window."""
+    yield from _serve(
+        tiny_model_dir, tmp_path_factory.mktemp("strict"), context_length=64, auth_token="secret"
+    )
+
+
+# --- text ---------------------------------------------------------------------------------
+
+
+@slow
+def test_non_streaming_text(served: Served) -> None:
+    served.scripted.enqueue("Hello there!")
+    response = served.client.responses.create(model="local", input="hi", store=False)
+    assert response.status == "completed"
+    assert response.output_text == "Hello there!"
+    assert response.id.startswith("resp_")
+    [item] = response.output
+    assert item.type == "message" and item.id.startswith("msg_")
+    usage = response.usage
+    assert usage is not None and usage.input_tokens > 0 and usage.output_tokens > 0
+    assert usage.total_tokens == usage.input_tokens + usage.output_tokens
+
+
+@slow
+def test_streaming_text_in_the_responses_grammar(served: Served) -> None:
+    served.scripted.enqueue("Hello there!")
+    with served.client.responses.stream(model="local", input="hi", store=False) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    kinds = [event.type for event in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] == "response.completed"
+    assert "response.output_text.delta" in kinds and "response.content_part.done" in kinds
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == final.output_text == "Hello there!"
+
+
+@slow
+def test_max_output_tokens_makes_it_incomplete(served: Served) -> None:
+    served.scripted.enqueue("one two three four five six seven eight nine ten")
+    response = served.client.responses.create(
+        model="local", input="count", max_output_tokens=3, store=False
+    )
+    assert response.status == "incomplete"
+    assert response.incomplete_details is not None
+    assert response.incomplete_details.reason == "max_output_tokens"
+
+
+@slow
+def test_reasoning_streams_as_a_summary(served: Served) -> None:
+    served.scripted.enqueue("Plan the answer.\n</think>\n\nHello!")
+    with served.client.responses.stream(
+        model="local", input="hi", reasoning={"summary": "auto"}, store=False
+    ) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert "response.reasoning_summary_text.delta" in kinds
+    assert [item.type for item in final.output] == ["reasoning", "message"]
+    reasoning = final.output[0]
+    assert reasoning.type == "reasoning" and reasoning.id.startswith("rs_")
+    assert reasoning.summary[0].text == "Plan the answer."
+    assert final.output_text == "Hello!"
+
+
+# --- function calls -----------------------------------------------------------------------
+
+
+@slow
+def test_function_call_round_trip(served: Served) -> None:
+    client = served.client
+    served.scripted.enqueue(CALL)
+    with client.responses.stream(
+        model="local", input="weather in Paris?", tools=[WEATHER], store=False
+    ) as stream:
+        events = list(stream)
+        first = stream.get_final_response()
+    [call] = first.output
+    assert call.type == "function_call" and call.name == "get_weather"
+    assert call.id.startswith("fc_") and call.call_id.startswith("call_")
+    pieces = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    assert json.loads(pieces) == json.loads(call.arguments) == {"city": "Paris"}
+
+    served.scripted.enqueue("It is sunny in Paris.")
+    history: list[Any] = [
+        {"role": "user", "content": "weather in Paris?"},
+        {
+            "type": "function_call",
+            "call_id": call.call_id,
+            "name": call.name,
+            "arguments": call.arguments,
+        },
+        {"type": "function_call_output", "call_id": call.call_id, "output": "sunny, 21 C"},
+    ]
+    answer = client.responses.create(model="local", input=history, tools=[WEATHER], store=False)
+    assert answer.output_text == "It is sunny in Paris."
+    usage = answer.usage
+    assert usage is not None and first.usage is not None
+    # The second turn reads the first turn's prompt from the prefix cache.
+    assert usage.input_tokens_details.cached_tokens >= first.usage.input_tokens - 8
+
+
+@slow
+def test_json_schema_output_is_valid_json(served: Served) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"title": {"type": "string", "maxLength": 20}},
+        "required": ["title"],
+        "additionalProperties": False,
+    }
+    response = served.client.responses.create(
+        model="local",
+        input="a title, please",
+        text={"format": {"type": "json_schema", "name": "t", "schema": schema, "strict": True}},
+        max_output_tokens=200,
+        store=False,
+    )
+    assert response.status == "completed", response.incomplete_details
+    assert isinstance(json.loads(response.output_text)["title"], str)
+
+
+@slow
+def test_codex_tools_are_accepted(served: Served) -> None:
+    """Function, namespace and hosted tools (Codex's nine); a namespace tool's function is
+    answered with its `name` and `namespace` apart, as Codex routes calls."""
+    body = json.loads((FIXTURES / "responses-request-0.json").read_text())
+    served.scripted.enqueue(
+        '<tool_call>\n{"name": "spawn_agent", "arguments": {"message": "go"}}\n</tool_call>'
+    )
+    response = served.client.responses.create(
+        model="local",
+        input="spawn one",
+        tools=body["tools"],
+        store=False,
+        max_output_tokens=100,
+    )
+    [call] = response.output
+    assert call.type == "function_call" and call.name == "spawn_agent"
+    assert getattr(call, "namespace", None) == "multi_agent_v1"
+
+
+# --- errors -------------------------------------------------------------------------------
+
+
+def _envelope(response: httpx.Response, status: int) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    return error
+
+
+@slow
+def test_bad_input_is_a_400_in_openai_envelope(served: Served) -> None:
+    url = served.server.url + "/v1/responses"
+    assert _envelope(httpx.post(url, json={"model": "m", "input": 42}), 400)["message"]
+    orphan = [{"type": "function_call_output", "call_id": "call_nope", "output": "x"}]
+    error = _envelope(httpx.post(url, json={"model": "m", "input": orphan}), 400)
+    assert "call_nope" in error["message"]
+    with pytest.raises(openai.BadRequestError):
+        served.client.responses.create(model="m", input=[{"role": "robot", "content": "x"}])
+    image = [{"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]
+    error = _envelope(
+        httpx.post(url, json={"model": "m", "input": [{"role": "user", "content": image}]}), 400
+    )
+    assert "does not accept images" in error["message"]
+
+
+@slow
+def test_too_long_and_unauthorized(strict: Served) -> None:
+    url = strict.server.url + "/v1/responses"
+    long_input = {"model": "m", "input": "many words " * 100}
+    for stream in (False, True):
+        response = httpx.post(
+            url, json={**long_input, "stream": stream}, headers={"authorization": "Bearer secret"}
+        )
+        error = _envelope(response, 400)
+        assert error["code"] == "context_length_exceeded"
+        assert error["type"] == "invalid_request_error"
+    error = _envelope(httpx.post(url, json={"model": "m", "input": "hi"}), 401)
+    assert error["code"] == "invalid_api_key"
+    client = openai.OpenAI(base_url=strict.server.url + "/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        client.responses.create(model="m", input="hi")
+
+
+# --- stored responses ---------------------------------------------------------------------
+
+
+@slow
+def test_previous_response_id_continues(served: Served) -> None:
+    client = served.client
+    served.scripted.enqueue(CALL)
+    first = client.responses.create(model="local", input="weather in Paris?", tools=[WEATHER])
+    [call] = first.output
+    assert call.type == "function_call"
+    served.scripted.enqueue("Sunny.")
+    second = client.responses.create(
+        model="local",
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}],
+        tools=[WEATHER],
+    )
+    assert second.output_text == "Sunny."
+    assert second.previous_response_id == first.id
+    assert first.usage is not None and second.usage is not None
+    assert second.usage.input_tokens > first.usage.input_tokens
+    assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens - 8
+
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model="local", previous_response_id="resp_unknown", input="hi")
+    assert refused.value.code == "previous_response_not_found"
+
+
+# --- a Codex session ----------------------------------------------------------------------
+
+
+def _codex_turn(served: Served, body: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """One streamed Codex request: (the output items, the usage of response.completed)."""
+    response = httpx.post(served.server.url + "/v1/responses", json=body, timeout=300)
+    assert response.status_code == 200, response.text
+    frames = list(parse_frames(response.text))
+    done = [f.json() for f in frames if f.event == "response.completed"]
+    assert len(done) == 1, [f.event for f in frames][-3:]
+    items = [f.json()["item"] for f in frames if f.event == "response.output_item.done"]
+    return items, done[0]["response"]["usage"]
+
+
+@slow
+def test_codex_session_reuses_the_previous_prompt(served: Served) -> None:
+    """Request 0 as Codex sent it, then turns built as Codex builds request 1: the model's
+    function call and its output appended. Each turn reads ≥ 99% of the previous turn's
+    prompt from the prefix cache."""
+    body = json.loads((FIXTURES / "responses-request-0.json").read_text())
+    reused: list[float] = []
+    figures: list[tuple[int, int]] = []  # (prompt, cached) per turn
+    previous_prompt = 0
+    for turn in range(4):
+        served.scripted.enqueue(
+            f"Turn {turn}: run it.\n</think>\n\n<tool_call>\n"
+            f'{{"name": "exec_command", "arguments": {{"cmd": "echo {turn}"}}}}\n</tool_call>'
+        )
+        items, usage = _codex_turn(served, body)
+        figures.append((usage["input_tokens"], usage["input_tokens_details"]["cached_tokens"]))
+        if previous_prompt:
+            cached = usage["input_tokens_details"]["cached_tokens"]
+            reused.append(cached / previous_prompt)
+        previous_prompt = usage["input_tokens"]
+        assert [item["type"] for item in items] == ["reasoning", "function_call"]
+        call = items[-1]
+        assert call["name"] == "exec_command" and json.loads(call["arguments"])
+        body = copy.deepcopy(body)
+        body["input"] += [
+            {
+                "type": "reasoning",
+                "summary": items[0]["summary"],
+                "content": None,
+                "encrypted_content": None,
+            },
+            {
+                "status": "completed",
+                **{k: call[k] for k in ("type", "id", "name", "arguments", "call_id")},
+            },
+            {
+                "type": "function_call_output",
+                "call_id": call["call_id"],
+                "output": f"Process exited with code 0\nOutput:\n{turn}\n",
+            },
+        ]
+    print("(prompt, cached) per turn:", figures)
+    print("per-turn reuse of the previous prompt:", [f"{r:.4f}" for r in reused])
+    assert all(r >= 0.99 for r in reused), reused
+
+
+# --- the mapping and the event state machine, without a server ----------------------------
+
+
+def _request(**body: Any) -> ResponsesRequest:
+    return ResponsesRequest.model_validate({"model": "m", **body})
+
+
+def test_call_ids_map_both_ways() -> None:
+    assert client_call_id("toolu_mx6162") == "call_mx6162"
+    assert engine_call_id("call_mx6162") == "toolu_mx6162"
+    assert engine_call_id("fc-other-server") == "fc-other-server"
+
+
+def test_codex_history_maps_to_chat_messages() -> None:
+    body = json.loads((FIXTURES / "responses-request-1.json").read_text())
+    request = ResponsesRequest.model_validate(body)
+    gen, names = to_generation_request(
+        request,
+        request.items,
+        request_id="resp_1",
+        accepts_images=False,
+        thinks=True,
+        context_window=40960,
+    )
+    # Two developer messages: one system prompt; then the user turns, the call, its output.
+    assert [m.role for m in gen.messages] == ["system", "user", "user", "assistant", "tool"]
+    call = gen.messages[3].tool_calls[0]
+    assert call.id == "toolu_f40689eb" and call.name == "exec_command"
+    assert call.arguments == {"cmd": "echo tool-roundtrip-ok && uname -s"}
+    assert gen.messages[4].tool_call_id == call.id
+    assert gen.thinking and gen.kind == "main"
+    # Function and namespace tools flattened; web_search ignored.
+    tool_names = {tool.name for tool in gen.tools}
+    assert {"exec_command", "spawn_agent", "update_goal"} <= tool_names
+    assert len(tool_names) == len(gen.tools) == 12  # 7 functions, 5 in the namespace
+    assert names.for_client("spawn_agent") == ("multi_agent_v1", "spawn_agent")
+
+
+def test_reasoning_joins_the_assistant_turn_it_precedes() -> None:
+    request = _request(
+        instructions="Be brief.",
+        input=[
+            {"role": "developer", "content": "Rules."},
+            {"role": "user", "content": "go"},
+            {"type": "reasoning", "summary": [{"type": "summary_text", "text": "Think."}]},
+            {"type": "function_call", "call_id": "call_a", "name": "f", "arguments": "{}"},
+            {"type": "function_call", "call_id": "call_b", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "call_b", "output": "B"},
+            {"type": "function_call_output", "call_id": "call_a", "output": "A"},
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": "Done."}],
+            },
+        ],
+    )
+    gen, _ = to_generation_request(
+        request,
+        request.items,
+        request_id="r",
+        accepts_images=False,
+        thinks=True,
+        context_window=None,
+    )
+    system, user, calls, first, second, answer = gen.messages
+    assert system.content == "Be brief.\n\nRules." and user.content == "go"
+    assert calls.reasoning == "Think." and [c.id for c in calls.tool_calls] == [
+        "toolu_a",
+        "toolu_b",
+    ]
+    assert (first.content, second.content) == ("A", "B")  # in the order of the calls
+    assert answer.role == "assistant" and answer.content == "Done."
+
+
+def test_stream_events_for_reasoning_and_a_streamed_call() -> None:
+    request = _request(input="x", tools=[WEATHER])
+    _, names = to_generation_request(
+        request,
+        request.items,
+        request_id="r",
+        accepts_images=False,
+        thinks=True,
+        context_window=None,
+    )
+    stream = ResponseStream(new_response("resp_x", "m"), names)
+    events = []
+    for event in (
+        Admitted("r", prompt_tokens=10, cached_tokens=4, max_tokens=100),
+        ThinkingDelta("Hm."),
+        ToolCallStart("toolu_7", "get_weather"),
+        ToolInputDelta("toolu_7", '{"city": '),
+        ToolInputDelta("toolu_7", '"Paris"}'),
+        ToolCallEvent("toolu_7", "get_weather", '{"city": "Paris"}'),
+        Done("tool_use", Usage(prompt_tokens=10, cached_tokens=4, output_tokens=9)),
+    ):
+        events += stream.feed(event)
+    assert [e.type for e in events] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.reasoning_summary_part.added",
+        "response.reasoning_summary_text.delta",
+        "response.reasoning_summary_text.done",
+        "response.reasoning_summary_part.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    final = stream.response
+    call = final.output[1]
+    assert call.type == "function_call" and call.call_id == "call_7"
+    assert json.loads(call.arguments) == {"city": "Paris"} and call.status == "completed"
+    assert final.usage is not None and final.usage.input_tokens_details.cached_tokens == 4
+
+
+def test_a_failure_mid_stream_ends_with_response_failed() -> None:
+    stream = ResponseStream(
+        new_response("resp_x", "m"),
+        names=to_generation_request(
+            _request(input="x"),
+            [],
+            request_id="r",
+            accepts_images=False,
+            thinks=False,
+            context_window=None,
+        )[1],
+    )
+    stream.feed(Admitted("r", prompt_tokens=3, cached_tokens=0, max_tokens=10))
+    events = stream.fail("server_error", "generation failed: boom")
+    assert events[-1].type == "response.failed" and stream.finished
+    assert stream.response.error is not None and stream.response.error.message.endswith("boom")
