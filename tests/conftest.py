@@ -43,6 +43,21 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         )
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Recreate pytest-textual-snapshot's scratch directory if it went missing.
+
+    The plugin keeps its diffs in a `mkdtemp` directory under /tmp for the whole session and
+    lists it at the end; in one 18-minute clean-clone run that directory was gone by then
+    (deleted by something outside this suite: every test had passed), and the plugin's
+    traceback turned a green run red. Its contents only matter when a snapshot failed, which
+    fails that test on its own.
+    """
+    scratch = os.environ.get("TEXTUAL_SNAPSHOT_TEMPDIR")
+    if scratch and not os.path.isdir(scratch):
+        os.makedirs(scratch, exist_ok=True)
+
+
 def pytest_report_header() -> str:
     """Which BLAS this run's MLX multiplies with (CI's log shows a fresh machine's run)."""
     if BLAS.outcome == "loaded":

@@ -16,6 +16,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from transformers import AutoTokenizer
 
+from mlxlaunch.store.verify import check_weights
 from mlxlaunch.testing import (
     DEMO_NOTICE,
     TEMPLATE_FAMILIES,
@@ -93,6 +94,43 @@ def test_same_seed_builds_identical_weights(tmp_path: Path) -> None:
     assert mx.array_equal(embed_a, embed_b)
     assert not mx.array_equal(embed_a, embed_c)
     assert (a / "tokenizer.json").read_bytes() == (b / "tokenizer.json").read_bytes()
+
+
+def test_weights_index_maps_every_tensor_to_the_weights_file(tiny_model_dir: Path) -> None:
+    # Pipeline loading (mlx-lm's sharded_load) picks each rank's files from this index.
+    index = json.loads((tiny_model_dir / "model.safetensors.index.json").read_text())
+    weights = mx.load(str(tiny_model_dir / "model.safetensors"))
+    assert isinstance(weights, dict)
+    assert set(index["weight_map"]) == set(weights)
+    assert set(index["weight_map"].values()) == {"model.safetensors"}
+    assert index["metadata"]["total_size"] == sum(w.nbytes for w in weights.values())
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    assert check_weights(tiny_model_dir, config)[0] == []  # the store's own verifier agrees
+
+
+@pytest.fixture(scope="module")
+def tiny_moe_dir() -> Path:
+    return ensure_test_model("tiny-moe")
+
+
+def test_tiny_moe_model_is_a_shardable_qwen3_moe(tiny_moe_dir: Path, tiny_model_dir: Path) -> None:
+    config = json.loads((tiny_moe_dir / "config.json").read_text())
+    assert config["model_type"] == "qwen3_moe"
+    assert (config["num_experts"], config["num_experts_per_tok"]) == (4, 2)
+    # Tensor parallelism on 2 ranks splits the heads; pipelining on 3 needs a layer each.
+    assert config["num_attention_heads"] % 2 == 0 and config["num_key_value_heads"] % 2 == 0
+    assert config["num_hidden_layers"] >= 3
+    # The same trained tokenizer and template as the dense models.
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (tiny_moe_dir / name).read_bytes() == (tiny_model_dir / name).read_bytes()
+    index = json.loads((tiny_moe_dir / "model.safetensors.index.json").read_text())
+    assert "model.layers.3.mlp.switch_mlp.gate_proj.weight" in index["weight_map"]
+
+    model, tokenizer = mlx_lm.load(str(tiny_moe_dir))[:2]
+    assert hasattr(model, "shard") and hasattr(model.model, "pipeline")
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}])
+    tokens = [r.token for r in mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=8)]
+    assert len(tokens) == 8 and len(set(tokens)) > 1  # the experts steer greedy output
 
 
 def test_unknown_size_and_template_are_rejected(tmp_path: Path) -> None:
@@ -227,7 +265,8 @@ def test_mlx_lm_infers_tool_parser_and_thinking(tiny: Any) -> None:
 
 
 def test_test_model_names() -> None:
-    assert all(is_test_model_name(n) for n in ("tiny", "small", "medium", "large", "demo"))
+    names = ("tiny", "small", "medium", "large", "tiny-moe", "demo")
+    assert all(is_test_model_name(n) for n in names)
     assert not is_test_model_name("Qwen/Qwen3-8B")
     assert "random weights" in DEMO_NOTICE
     with pytest.raises(ValueError, match="nope"):

@@ -1,4 +1,4 @@
-"""Build real mlx-lm model directories offline: qwen3 architecture, random weights.
+"""Build real mlx-lm model directories offline: qwen3 (dense) or qwen3_moe, random weights.
 
 The output is noise, but loading, templating, tokenizing, caching, batching and streaming run
 the same code as with a downloaded model, and speed depends only on the shapes chosen here.
@@ -15,7 +15,7 @@ from typing import Any, cast
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
-from mlx_lm.models import qwen3
+from mlx_lm.models import qwen3, qwen3_moe
 
 from mlxlaunch.home import shared_dir
 from mlxlaunch.testing.templates import TemplateFamily, real_template_family, template_family
@@ -33,18 +33,32 @@ PROJECTION_SCALE = 4.0
 
 
 @dataclass(frozen=True)
+class Experts:
+    """The mixture-of-experts block of a qwen3_moe test model (the Qwen3-30B-A3B design)."""
+
+    count: int
+    per_token: int
+    intermediate: int  # of each expert's MLP
+
+
+@dataclass(frozen=True)
 class ModelShape:
-    """The dimensions of one test-model size."""
+    """The dimensions of one test-model size; with `experts`, every layer is a MoE layer."""
 
     layers: int
     hidden: int
     heads: int
     kv_heads: int
     intermediate: int
+    experts: Experts | None = None
 
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
+
+    @property
+    def model_type(self) -> str:
+        return "qwen3" if self.experts is None else "qwen3_moe"
 
 
 # Prefill cost grows with layers x width x prompt length squared; keep these cheap.
@@ -56,16 +70,27 @@ MODEL_SIZES: dict[str, ModelShape] = {
     # few new tokens over a long cache costs what it does on a real model relative to a
     # server's fixed per-request costs (about 20 s for a cold 12.6k-token prompt here).
     "large": ModelShape(layers=4, hidden=256, heads=8, kv_heads=2, intermediate=512),
+    # For sharding tests (mlx.launch, sharded_load): the MoE architecture the models too big
+    # for one Mac share. Head counts divide by 2 for tensor parallelism; 4 layers split over
+    # 2 or 3 pipeline ranks.
+    "tiny-moe": ModelShape(
+        layers=4,
+        hidden=64,
+        heads=4,
+        kv_heads=2,
+        intermediate=128,
+        experts=Experts(count=4, per_token=2, intermediate=64),
+    ),
 }
 
 
 def model_config(
     shape: ModelShape, vocab_size: int, eos_token_id: int | list[int]
 ) -> dict[str, Any]:
-    """The ``config.json`` mlx-lm reads to instantiate a qwen3 model."""
-    return {
-        "model_type": "qwen3",
-        "architectures": ["Qwen3ForCausalLM"],
+    """The ``config.json`` mlx-lm reads to instantiate a qwen3 or qwen3_moe model."""
+    config: dict[str, Any] = {
+        "model_type": shape.model_type,
+        "architectures": ["Qwen3ForCausalLM" if shape.experts is None else "Qwen3MoeForCausalLM"],
         "hidden_size": shape.hidden,
         "num_hidden_layers": shape.layers,
         "intermediate_size": shape.intermediate,
@@ -81,6 +106,16 @@ def model_config(
         "bos_token_id": None,
         "torch_dtype": "float32",
     }
+    if shape.experts is not None:
+        config |= {
+            "num_experts": shape.experts.count,
+            "num_experts_per_tok": shape.experts.per_token,
+            "moe_intermediate_size": shape.experts.intermediate,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+            "norm_topk_prob": True,
+        }
+    return config
 
 
 def build_model(
@@ -90,7 +125,8 @@ def build_model(
 
     Args:
         path: directory to write into (created if missing; existing files are overwritten).
-        size: one of :data:`MODEL_SIZES` (``"tiny"``, ``"small"``, ``"medium"``).
+        size: one of :data:`MODEL_SIZES` (``"tiny"``, ``"small"``, ``"medium"``, ...;
+            ``"tiny-moe"`` is a qwen3_moe model).
         template: chat-template family from ``mlxlaunch.testing.templates`` (a name, or a
             family such as ``real_template_family(path)`` gives).
         seed: seed for the random weights.
@@ -119,16 +155,37 @@ def build_model(
     config = model_config(shape, tokenizer.get_vocab_size(), eos_token_id)
 
     mx.random.seed(seed)
-    model = qwen3.Model(qwen3.ModelArgs.from_dict(config))
+    architecture = qwen3 if shape.experts is None else qwen3_moe
+    model = architecture.Model(architecture.ModelArgs.from_dict(config))
     parameters = cast(list[tuple[str, mx.array]], tree_flatten(model.parameters()))
+    # Experts' projections (switch_mlp.*_proj) scale too; the router (mlp.gate) does not.
     weights = {
         name: value * PROJECTION_SCALE if name.endswith("proj.weight") else value
         for name, value in parameters
     }
-    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
-    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    mx.save_safetensors(str(path / WEIGHTS_FILE), weights, metadata={"format": "mlx"})
+    _write_json(path / WEIGHTS_INDEX_FILE, weights_index(weights, WEIGHTS_FILE))
+    _write_json(path / "config.json", config)
     _settle_modes(path, existing)
     return path
+
+
+WEIGHTS_FILE = "model.safetensors"
+# What `sharded_load` reads to fetch and load only a pipeline rank's layers (as in a
+# downloaded checkpoint); without it pipeline loading fails.
+WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
+
+
+def weights_index(weights: dict[str, mx.array], file: str) -> dict[str, Any]:
+    """The Hugging Face index of a checkpoint whose tensors all lie in `file`."""
+    return {
+        "metadata": {"total_size": sum(value.nbytes for value in weights.values())},
+        "weight_map": {name: file for name in sorted(weights)},
+    }
+
+
+def _write_json(path: Path, content: dict[str, Any]) -> None:
+    path.write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
 
 
 MODEL_FILE_MODE = 0o644  # readable by all, writable by this user (like SHARED_DIR_MODE)

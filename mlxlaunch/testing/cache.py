@@ -56,6 +56,7 @@ TEST_MODELS: dict[str, ModelRecipe] = {
     "small": ModelRecipe(size="small"),
     "medium": ModelRecipe(size="medium"),
     "large": ModelRecipe(size="large"),
+    "tiny-moe": ModelRecipe(size="tiny-moe"),  # qwen3_moe: for sharding across ranks
     # Small prefills Claude Code's ~13k-token prompt in seconds on a CPU, so `mlx serve
     # --model demo` answers quickly while still running realistic shapes.
     "demo": ModelRecipe(size="small"),
