@@ -6,9 +6,11 @@
 
     {"outputs": ["plain text reply", {"text": "..."}, {"tokens": [12, 34]}]}
 
-Once they are used up the model samples normally. The product reads no test hook of its own:
-this script hands a `ScriptedOutput` to `cli.main.main`, whose serving commands pass it on as
-the engine's logits hook (cli/app.py `Overrides`, launch/serving.py).
+Once they are used up the model samples normally. Replies for requests that declare no tools
+(a client's session-title request, say, whose timing against the main request is not fixed)
+can be listed apart, under `"untooled"`: such a request takes those first. The product reads no
+test hook of its own: this script hands a `ScriptedOutput` to `cli.main.main`, whose serving
+commands pass it on as the engine's logits hook (cli/app.py `Overrides`, launch/serving.py).
 """
 
 from __future__ import annotations
@@ -31,19 +33,44 @@ def scripted_mlx_command(script: Path) -> list[str]:
     return [sys.executable, str(SCRIPT), str(script)]
 
 
-def write_script(path: Path, outputs: list[Any]) -> Path:
-    """Write `outputs` (texts, `{"text": …}` or `{"tokens": […]}`) as a script; returns `path`."""
-    path.write_text(json.dumps({"outputs": outputs}), encoding="utf-8")
+def write_script(path: Path, outputs: list[Any], untooled: list[Any] | None = None) -> Path:
+    """Write `outputs` (texts, `{"text": …}` or `{"tokens": […]}`) as a script, with replies for
+    requests without tools apart when `untooled` is given; returns `path`."""
+    data: dict[str, Any] = {"outputs": outputs}
+    if untooled:
+        data["untooled"] = untooled
+    path.write_text(json.dumps(data), encoding="utf-8")
     return path
 
 
-def read_script(path: Path) -> ScriptedOutput:
-    """The ScriptedOutput that replies with what `path` lists."""
+class RoutedOutput:
+    """Two scripts: one for requests without tools (while it lasts), one for the rest."""
+
+    def __init__(self, tooled: ScriptedOutput, untooled: ScriptedOutput) -> None:
+        self.tooled = tooled
+        self.untooled = untooled
+
+    def __call__(self, request: Any, tokenizer: Any) -> Any:
+        if not request.tools and self.untooled.pending:
+            return self.untooled(request, tokenizer)
+        return self.tooled(request, tokenizer)
+
+
+def read_script(path: Path) -> ScriptedOutput | RoutedOutput:
+    """The logits hook that replies with what `path` lists."""
+    data: Any = json.loads(path.read_text(encoding="utf-8"))
+    outputs = data.get("outputs", []) if isinstance(data, dict) else data
+    scripted = _scripted(path, outputs)
+    if isinstance(data, dict) and data.get("untooled"):
+        return RoutedOutput(scripted, _scripted(path, data["untooled"]))
+    return scripted
+
+
+def _scripted(path: Path, outputs: list[Any]) -> ScriptedOutput:
     from mlxlaunch.testing.scripted import ScriptedOutput
 
-    data: Any = json.loads(path.read_text(encoding="utf-8"))
     scripted = ScriptedOutput()
-    for item in data.get("outputs", []) if isinstance(data, dict) else data:
+    for item in outputs:
         if isinstance(item, str):
             scripted.enqueue(text=item)
         elif isinstance(item, dict) and "tokens" in item:
