@@ -28,8 +28,9 @@ from mlxlaunch.engine.engine import Engine
 from mlxlaunch.engine.runtime.memory import kv_bytes_per_token, total_ram_bytes
 from mlxlaunch.engine.types import GenerationRequest
 from mlxlaunch.protocol.sse import aiter_frames
-from mlxlaunch.server.app import CLAMPED_HEADER, ServerSettings
+from mlxlaunch.server.app import ServerSettings
 from mlxlaunch.server.runner import ServerHandle, start_server
+from mlxlaunch.server.streaming import CLAMPED_HEADER
 from mlxlaunch.testing.scripted import ScriptedOutput
 
 pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model

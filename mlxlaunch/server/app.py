@@ -68,6 +68,8 @@ from mlxlaunch.server.streaming import (
     TrailingStreamingResponse,
     _End,
     cache_headers,
+    cancel_on_disconnect,
+    clamp_headers,
 )
 from mlxlaunch.server.threads import ThreadLimits, ThreadStore, ThreadTurn
 
@@ -76,7 +78,6 @@ log = logging.getLogger("mlxlaunch.server")
 OUTPUT_EVENTS = (TextDelta, ThinkingDelta, ToolCallStart, ToolCallEvent)
 
 # Set when the engine lowered max_tokens to what fits in the context window: the new value.
-CLAMPED_HEADER = "x-mlx-max-tokens-clamped"
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 Handler = Callable[[Request], Awaitable[Response]]
@@ -283,7 +284,9 @@ class MessagesApi:
     ) -> Response:
         """Non-streaming: run the same state machine, answer with the message it built."""
         # Nothing is sent until the end, so only the receive side tells that the client left.
-        watcher = asyncio.create_task(self._cancel_on_disconnect(request, blocks.message.id))
+        watcher = asyncio.create_task(
+            cancel_on_disconnect(request, self.engine.cancel, blocks.message.id)
+        )
         headers: dict[str, str] = {}
         try:
             while not isinstance(event, _End):
@@ -313,15 +316,6 @@ class MessagesApi:
         # serialize_as_any: keeps the opt-in `usage.mlx_timings` (a Usage subclass) in the body.
         body = blocks.message.model_dump(mode="json", serialize_as_any=True)
         return JSONResponse(body, headers=headers)
-
-    async def _cancel_on_disconnect(self, request: Request, request_id: str) -> None:
-        """Cancel `request_id` in the engine as soon as the client disconnects."""
-        while True:
-            message = await request.receive()
-            if message["type"] == "http.disconnect":
-                log.info("%s: client disconnected; cancelling", request_id)
-                self.engine.cancel(request_id)
-                return
 
     async def _stream(
         self,
@@ -411,13 +405,6 @@ class MessagesApi:
 def cached_trailer(blocks: ContentBlockStream) -> dict[str, str]:
     """The X-Cached-Tokens trailer, from the usage the stream reported."""
     return {CACHED_TOKENS_HEADER: str(blocks.message.usage.cache_read_input_tokens or 0)}
-
-
-def clamp_headers(event: EngineEvent | _End | None) -> dict[str, str]:
-    """The clamp header for an Admitted event whose max_tokens was lowered to fit."""
-    if isinstance(event, Admitted) and event.clamped:
-        return {CLAMPED_HEADER: str(event.max_tokens)}
-    return {}
 
 
 class RequestLog:

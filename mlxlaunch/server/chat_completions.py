@@ -71,7 +71,13 @@ from mlxlaunch.server.openai_errors import (
     openai_error,
     openai_error_response,
 )
-from mlxlaunch.server.streaming import EventPump, _End, cache_headers
+from mlxlaunch.server.streaming import (
+    EventPump,
+    _End,
+    cache_headers,
+    cancel_on_disconnect,
+    clamp_headers,
+)
 
 if TYPE_CHECKING:
     from mlxlaunch.server.app import RequestLog, ServerSettings, ServingEngine
@@ -362,7 +368,7 @@ class ChatCompletionsApi:
 
     async def _create(self, request: Request) -> Response:
         # Imported here: server/app.py imports this module to build its routes.
-        from mlxlaunch.server.app import RequestLog, clamp_headers
+        from mlxlaunch.server.app import RequestLog
 
         raw = await request.body()
         if len(raw) > LARGE_BODY_BYTES:  # parsed off the loop: /health stays live
@@ -421,9 +427,9 @@ class ChatCompletionsApi:
         headers: dict[str, str],
     ) -> Response:
         """Non-streaming: run the same state machine, answer with its reduction."""
-        from mlxlaunch.server.app import clamp_headers
-
-        watcher = asyncio.create_task(self._cancel_on_disconnect(request, chunks.completion_id))
+        watcher = asyncio.create_task(
+            cancel_on_disconnect(request, self.engine.cancel, chunks.completion_id)
+        )
         try:
             while not isinstance(event, _End):
                 if event is not None:
@@ -446,15 +452,6 @@ class ChatCompletionsApi:
         left = watcher.done() and not watcher.cancelled()
         record.finish(499 if left else 200)
         return JSONResponse(chunks.completion().model_dump(mode="json"), headers=headers)
-
-    async def _cancel_on_disconnect(self, request: Request, request_id: str) -> None:
-        """Cancel `request_id` in the engine as soon as the client disconnects."""
-        while True:
-            message = await request.receive()
-            if message["type"] == "http.disconnect":
-                log.info("%s: client disconnected; cancelling", request_id)
-                self.engine.cancel(request_id)
-                return
 
     async def _stream(
         self,

@@ -48,7 +48,7 @@ from mlxlaunch.server.openai_errors import (
 from mlxlaunch.server.response_store import ResponseStore
 from mlxlaunch.server.responses_mapping import to_generation_request
 from mlxlaunch.server.responses_stream import ResponseStream, new_response, new_response_id
-from mlxlaunch.server.streaming import EventPump, _End, cache_headers
+from mlxlaunch.server.streaming import EventPump, _End, cache_headers, cancel_on_disconnect
 
 if TYPE_CHECKING:
     from mlxlaunch.server.app import ServerSettings, ServingEngine
@@ -145,7 +145,9 @@ class ResponsesApi:
         stream: ResponseStream,
         turn: _Turn,
     ) -> Response:
-        watcher = asyncio.create_task(self._cancel_on_disconnect(request, turn.response_id))
+        watcher = asyncio.create_task(
+            cancel_on_disconnect(request, self.engine.cancel, turn.response_id)
+        )
         headers: dict[str, str] = {}
         try:
             while not isinstance(event, _End):
@@ -215,14 +217,6 @@ class ResponsesApi:
                 status = status if status != 200 else 499
             await pump.aclose()
             turn.finish(status)
-
-    async def _cancel_on_disconnect(self, request: Request, request_id: str) -> None:
-        while True:
-            message = await request.receive()
-            if message["type"] == "http.disconnect":
-                log.info("%s: client disconnected; cancelling", request_id)
-                self.engine.cancel(request_id)
-                return
 
     def _keep(self, turn: _Turn, response: ResponseObject) -> None:
         if turn.items is None or response.status == "failed":

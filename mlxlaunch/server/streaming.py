@@ -8,10 +8,12 @@ when the deadline passes (cancelling it would cancel the request inside the engi
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Final
 
 import anyio
+from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -68,10 +70,33 @@ class EventPump:
 
 
 # Prefix-cache reuse, visible without parsing bodies (see README, "What the server speaks").
+log = logging.getLogger("mlxlaunch.server")
+
 CACHED_TOKENS_HEADER = "x-cached-tokens"
+CLAMPED_HEADER = "x-mlx-max-tokens-clamped"
 SESSION_CACHE_HEADER = "x-session-cache"
 CACHE_REUSED_HEADER = "x-cache-reused"
 TRAILERS_EXTENSION = "http.response.trailers"
+
+
+def clamp_headers(event: EngineEvent | _End | None) -> dict[str, str]:
+    """The clamp header for an Admitted event whose max_tokens was lowered to fit."""
+    if isinstance(event, Admitted) and event.clamped:
+        return {CLAMPED_HEADER: str(event.max_tokens)}
+    return {}
+
+
+async def cancel_on_disconnect(
+    request: Request, cancel: Callable[[str], None], request_id: str
+) -> None:
+    """Call `cancel(request_id)` as soon as the client disconnects. For answers sent whole
+    at the end: until then only the receive side tells that the client left."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            log.info("%s: client disconnected; cancelling", request_id)
+            cancel(request_id)
+            return
 
 
 def cache_headers(event: EngineEvent | _End | None) -> dict[str, str]:
