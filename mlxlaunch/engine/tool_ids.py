@@ -43,7 +43,10 @@ def client_tool_id(model_id: str | None) -> str:
     """The id a client sees for a call the model wrote with `model_id` (None or empty: the
     model wrote no id, so a fresh one)."""
     if not model_id:
-        return new_tool_use_id()
+        fresh = new_tool_use_id()
+        while fresh.startswith(ENCODED_PREFIX):  # a random id must not read as one encoded
+            fresh = new_tool_use_id()
+        return fresh
     return ENCODED_PREFIX + model_id.encode("utf-8").hex()
 
 
