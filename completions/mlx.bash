@@ -7,7 +7,7 @@ _mlx_model_names() {
 _mlx_node() {
     case "$1" in
         "") children="bench completions config dash doctor launch models ps serve stop" flags="--version --debug -h --help" models="" paths="" texts="" arg="" ;;
-        "bench") children="" flags="--quick --peer --no-peer --restart --no-restart --tool-loop --no-tool-loop --codex-session --no-codex-session --debug -h --help" models="--model -m" paths="--out" texts="--url --auth-token --turns --tool-result-chars --decode-tokens --runs --concurrency --concurrency-prompt-tokens --concurrency-tokens --max-concurrency" arg="" ;;
+        "bench") children="" flags="--quick --peer --no-peer --restart --no-restart --tool-loop --no-tool-loop --codex-session --no-codex-session --debug -h --help" models="--model -m" paths="--out --hostfile" texts="--url --auth-token --turns --tool-result-chars --decode-tokens --runs --concurrency --concurrency-prompt-tokens --concurrency-tokens --max-concurrency --hosts --backend --parallel --ranks" arg="" ;;
         "completions") children="" flags="--debug -h --help" models="" paths="--write" texts="" arg="text" ;;
         "config") children="get set show unset" flags="--debug -h --help" models="" paths="" texts="" arg="" ;;
         "config get") children="" flags="--debug -h --help" models="" paths="" texts="" arg="text" ;;
@@ -15,21 +15,21 @@ _mlx_node() {
         "config show") children="" flags="--json --debug -h --help" models="" paths="" texts="" arg="" ;;
         "config unset") children="" flags="--debug -h --help" models="" paths="" texts="" arg="text" ;;
         "dash") children="" flags="--debug -h --help" models="" paths="" texts="--url --token --retry" arg="" ;;
-        "doctor") children="" flags="--json --debug -h --help" models="" paths="" texts="--claude-bin" arg="" ;;
+        "doctor") children="" flags="--json --debug -h --help" models="" paths="--hostfile" texts="--claude-bin --hosts --model --backend --parallel" arg="" ;;
         "launch") children="claude codex opencode" flags="--debug -h --help" models="" paths="" texts="" arg="" ;;
-        "launch claude") children="" flags="--debug-cache --safeguards --no-safeguards --preload --install-claude --yes -y --verbose -v --print-env --debug -h --help" models="--model -m" paths="--cache-dir" texts="--small-model --port --context-length --max-output-tokens --keep-alive --max-concurrency --idle-clear --memory-fraction --cache-memory --cache-disk --tool-format --render --claude-bin --env -e --url --token" arg="text" ;;
-        "launch codex") children="" flags="--debug-cache --safeguards --no-safeguards --preload --install-codex --yes -y --verbose -v --print-config --debug -h --help" models="--model -m" paths="--cache-dir" texts="--port --context-length --max-output-tokens --keep-alive --max-concurrency --idle-clear --memory-fraction --cache-memory --cache-disk --tool-format --render --codex-bin --env -e --url --token" arg="text" ;;
-        "launch opencode") children="" flags="--debug-cache --safeguards --no-safeguards --preload --install-opencode --yes -y --verbose -v --print-config --debug -h --help" models="--model -m" paths="--cache-dir" texts="--port --context-length --max-output-tokens --keep-alive --max-concurrency --idle-clear --memory-fraction --cache-memory --cache-disk --tool-format --render --opencode-bin --env -e --url --token" arg="text" ;;
+        "launch claude") children="" flags="--debug-cache --safeguards --no-safeguards --preload --install-claude --yes -y --verbose -v --print-env --debug -h --help" models="--model -m" paths="--cache-dir --hostfile" texts="--small-model --port --context-length --max-output-tokens --keep-alive --max-concurrency --idle-clear --memory-fraction --cache-memory --cache-disk --tool-format --render --hosts --backend --parallel --claude-bin --env -e --url --token" arg="text" ;;
+        "launch codex") children="" flags="--debug-cache --safeguards --no-safeguards --preload --install-codex --yes -y --verbose -v --print-config --debug -h --help" models="--model -m" paths="--cache-dir --hostfile" texts="--port --context-length --max-output-tokens --keep-alive --max-concurrency --idle-clear --memory-fraction --cache-memory --cache-disk --tool-format --render --codex-bin --env -e --url --token --hosts --backend --parallel" arg="text" ;;
+        "launch opencode") children="" flags="--debug-cache --safeguards --no-safeguards --preload --install-opencode --yes -y --verbose -v --print-config --debug -h --help" models="--model -m" paths="--cache-dir --hostfile" texts="--port --context-length --max-output-tokens --keep-alive --max-concurrency --idle-clear --memory-fraction --cache-memory --cache-disk --tool-format --render --opencode-bin --env -e --url --token --hosts --backend --parallel" arg="text" ;;
         "models") children="add catalog info list pull recommend rm" flags="--debug -h --help" models="" paths="" texts="" arg="" ;;
         "models add") children="" flags="--debug -h --help" models="" paths="" texts="--name" arg="path" ;;
         "models catalog") children="" flags="--json --debug -h --help" models="" paths="" texts="" arg="" ;;
         "models info") children="" flags="--json --debug -h --help" models="" paths="" texts="" arg="model" ;;
         "models list") children="" flags="--json --names --debug -h --help" models="" paths="" texts="" arg="" ;;
-        "models pull") children="" flags="--force --debug -h --help" models="" paths="" texts="--revision" arg="model" ;;
+        "models pull") children="" flags="--force --debug -h --help" models="" paths="--hostfile" texts="--revision --shard --hosts --parallel --python" arg="model" ;;
         "models recommend") children="" flags="--json --debug -h --help" models="" paths="" texts="--memory --kind" arg="" ;;
         "models rm") children="" flags="--yes -y --debug -h --help" models="" paths="" texts="" arg="model" ;;
         "ps") children="" flags="--json --debug -h --help" models="" paths="" texts="" arg="" ;;
-        "serve") children="" flags="--debug-cache --safeguards --no-safeguards --preload --no-preload --allow-remote --no-auth --debug -h --help" models="--model -m" paths="--cache-dir" texts="--host --port --auth-token --context-length --max-concurrency --idle-clear --keep-alive --memory-fraction --cache-memory --cache-disk --tool-format --render --allow-origin" arg="" ;;
+        "serve") children="" flags="--debug-cache --safeguards --no-safeguards --preload --no-preload --allow-remote --no-auth --debug -h --help" models="--model -m" paths="--cache-dir --hostfile" texts="--host --port --auth-token --context-length --max-concurrency --idle-clear --keep-alive --memory-fraction --cache-memory --cache-disk --tool-format --render --hosts --backend --parallel --allow-origin" arg="" ;;
         "stop") children="" flags="--all --debug -h --help" models="" paths="" texts="--timeout" arg="text" ;;
         *) children="" flags="" models="" paths="" texts="" arg="" ;;
     esac

@@ -10,7 +10,7 @@ function __mlx_node --argument-names path what
             test $what = valued; and printf '%s\n' 
         case 'bench'
             test $what = children; and printf '%s\n' 
-            test $what = valued; and printf '%s\n' --model -m --url --auth-token --turns --tool-result-chars --decode-tokens --runs --concurrency --concurrency-prompt-tokens --concurrency-tokens --max-concurrency --out
+            test $what = valued; and printf '%s\n' --model -m --url --auth-token --turns --tool-result-chars --decode-tokens --runs --concurrency --concurrency-prompt-tokens --concurrency-tokens --max-concurrency --out --hosts --hostfile --backend --parallel --ranks
         case 'completions'
             test $what = children; and printf '%s\n' 
             test $what = valued; and printf '%s\n' --write
@@ -34,19 +34,19 @@ function __mlx_node --argument-names path what
             test $what = valued; and printf '%s\n' --url --token --retry
         case 'doctor'
             test $what = children; and printf '%s\n' 
-            test $what = valued; and printf '%s\n' --claude-bin
+            test $what = valued; and printf '%s\n' --claude-bin --hosts --hostfile --model --backend --parallel
         case 'launch'
             test $what = children; and printf '%s\n' claude codex opencode
             test $what = valued; and printf '%s\n' 
         case 'launch claude'
             test $what = children; and printf '%s\n' 
-            test $what = valued; and printf '%s\n' --model -m --small-model --port --context-length --max-output-tokens --keep-alive --max-concurrency --idle-clear --memory-fraction --cache-memory --cache-dir --cache-disk --tool-format --render --claude-bin --env -e --url --token
+            test $what = valued; and printf '%s\n' --model -m --small-model --port --context-length --max-output-tokens --keep-alive --max-concurrency --idle-clear --memory-fraction --cache-memory --cache-dir --cache-disk --tool-format --render --hosts --hostfile --backend --parallel --claude-bin --env -e --url --token
         case 'launch codex'
             test $what = children; and printf '%s\n' 
-            test $what = valued; and printf '%s\n' --model -m --port --context-length --max-output-tokens --keep-alive --max-concurrency --idle-clear --memory-fraction --cache-memory --cache-dir --cache-disk --tool-format --render --codex-bin --env -e --url --token
+            test $what = valued; and printf '%s\n' --model -m --port --context-length --max-output-tokens --keep-alive --max-concurrency --idle-clear --memory-fraction --cache-memory --cache-dir --cache-disk --tool-format --render --codex-bin --env -e --url --token --hosts --hostfile --backend --parallel
         case 'launch opencode'
             test $what = children; and printf '%s\n' 
-            test $what = valued; and printf '%s\n' --model -m --port --context-length --max-output-tokens --keep-alive --max-concurrency --idle-clear --memory-fraction --cache-memory --cache-dir --cache-disk --tool-format --render --opencode-bin --env -e --url --token
+            test $what = valued; and printf '%s\n' --model -m --port --context-length --max-output-tokens --keep-alive --max-concurrency --idle-clear --memory-fraction --cache-memory --cache-dir --cache-disk --tool-format --render --opencode-bin --env -e --url --token --hosts --hostfile --backend --parallel
         case 'models'
             test $what = children; and printf '%s\n' add catalog info list pull recommend rm
             test $what = valued; and printf '%s\n' 
@@ -64,7 +64,7 @@ function __mlx_node --argument-names path what
             test $what = valued; and printf '%s\n' 
         case 'models pull'
             test $what = children; and printf '%s\n' 
-            test $what = valued; and printf '%s\n' --revision
+            test $what = valued; and printf '%s\n' --revision --shard --hosts --hostfile --parallel --python
         case 'models recommend'
             test $what = children; and printf '%s\n' 
             test $what = valued; and printf '%s\n' --memory --kind
@@ -76,7 +76,7 @@ function __mlx_node --argument-names path what
             test $what = valued; and printf '%s\n' 
         case 'serve'
             test $what = children; and printf '%s\n' 
-            test $what = valued; and printf '%s\n' --model -m --host --port --auth-token --context-length --max-concurrency --idle-clear --keep-alive --memory-fraction --cache-memory --cache-dir --cache-disk --tool-format --render --allow-origin
+            test $what = valued; and printf '%s\n' --model -m --host --port --auth-token --context-length --max-concurrency --idle-clear --keep-alive --memory-fraction --cache-memory --cache-dir --cache-disk --tool-format --render --hosts --hostfile --backend --parallel --allow-origin
         case 'stop'
             test $what = children; and printf '%s\n' 
             test $what = valued; and printf '%s\n' --timeout
@@ -133,6 +133,11 @@ complete -c mlx -n "__mlx_at 'bench'" -l tool-loop -l no-tool-loop -d 'Time new 
 complete -c mlx -n "__mlx_at 'bench'" -l codex-session -l no-codex-session -d 'Replay Codex CLIs captured session over /v1/responses, beside Claude C'
 complete -c mlx -n "__mlx_at 'bench'" -l max-concurrency -x -d 'Our servers batch width (default: the engines).'
 complete -c mlx -n "__mlx_at 'bench'" -l out -r -F -d 'Directory for the JSON report and the SVG chart.'
+complete -c mlx -n "__mlx_at 'bench'" -l hosts -x -d 'Measure mlx serve --hosts on these machines (rank 0 first: this one) b'
+complete -c mlx -n "__mlx_at 'bench'" -l hostfile -r -F -d 'An MLX hostfile instead of --hosts.'
+complete -c mlx -n "__mlx_at 'bench'" -l backend -x -d 'With --hosts: ring or jaccl (default: the hostfiles, else ring).'
+complete -c mlx -n "__mlx_at 'bench'" -l parallel -x -d 'With --hosts: auto, tensor or pipeline.'
+complete -c mlx -n "__mlx_at 'bench'" -l ranks -x -d 'With --hosts: the rank counts to measure, e.g. 1,2,3 (k ranks run on t'
 complete -c mlx -n "__mlx_at 'bench'" -l debug -d 'Show tracebacks and debug logs.'
 complete -c mlx -n "__mlx_at 'bench'" -s h -l help -d 'Show help.'
 complete -c mlx -n "__mlx_at 'completions'" -l write -r -F -d 'Write all three scripts into this directory.'
@@ -159,6 +164,11 @@ complete -c mlx -n "__mlx_at 'dash'" -l retry -x -d 'Seconds between attempts to
 complete -c mlx -n "__mlx_at 'dash'" -l debug -d 'Show tracebacks and debug logs.'
 complete -c mlx -n "__mlx_at 'dash'" -s h -l help -d 'Show help.'
 complete -c mlx -n "__mlx_at 'doctor'" -l claude-bin -x -d 'The claude executable to check (default: on PATH).'
+complete -c mlx -n "__mlx_at 'doctor'" -l hosts -x -d 'Also check a cluster: its hosts (IPs or ssh names), comma-separated.'
+complete -c mlx -n "__mlx_at 'doctor'" -l hostfile -r -F -d 'Also check the cluster of an MLX JSON hostfile.'
+complete -c mlx -n "__mlx_at 'doctor'" -l model -x -d 'With --hosts: the model to look for on every host and to plan.'
+complete -c mlx -n "__mlx_at 'doctor'" -l backend -x -d 'With --hosts: ring (default) or jaccl.'
+complete -c mlx -n "__mlx_at 'doctor'" -l parallel -x -d 'With --hosts: auto, tensor or pipeline.'
 complete -c mlx -n "__mlx_at 'doctor'" -l json -d 'Print one JSON document for scripts.'
 complete -c mlx -n "__mlx_at 'doctor'" -l debug -d 'Show tracebacks and debug logs.'
 complete -c mlx -n "__mlx_at 'doctor'" -s h -l help -d 'Show help.'
@@ -184,6 +194,10 @@ complete -c mlx -n "__mlx_at 'launch claude'" -l render -x -d 'Prompt rendering.
 complete -c mlx -n "__mlx_at 'launch claude'" -l debug-cache -d 'Show the prompt text around each prefix-cache miss in /v1/stats, mlx d'
 complete -c mlx -n "__mlx_at 'launch claude'" -l safeguards -l no-safeguards -d 'Judge Claude Codes auto-mode safety check with the loaded model (model'
 complete -c mlx -n "__mlx_at 'launch claude'" -l preload -d 'Load the model before claude starts.'
+complete -c mlx -n "__mlx_at 'launch claude'" -l hosts -x -d 'Serve across these machines, rank 0 first (this one), e.g. 127.0.0.1,1'
+complete -c mlx -n "__mlx_at 'launch claude'" -l hostfile -r -F -d 'An MLX hostfile (JSON, e.g. from mlx.distributed_config) instead of --'
+complete -c mlx -n "__mlx_at 'launch claude'" -l backend -x -d 'How the ranks talk: ring (TCP) or jaccl (RDMA over Thunderbolt 5; macO'
+complete -c mlx -n "__mlx_at 'launch claude'" -l parallel -x -d 'Split the model by tensor (every layer on every rank) or pipeline (lay'
 complete -c mlx -n "__mlx_at 'launch claude'" -l claude-bin -x -d 'The claude to run (default: claude on PATH, else the pinned one).'
 complete -c mlx -n "__mlx_at 'launch claude'" -l install-claude -d 'If no claude is found, install Claude Code 2.1.332 (npm) without askin'
 complete -c mlx -n "__mlx_at 'launch claude'" -l env -s e -x -d 'Extra KEY=VALUE for claudes environment (repeat).'
@@ -218,6 +232,10 @@ complete -c mlx -n "__mlx_at 'launch codex'" -l verbose -s v -d 'Say more.'
 complete -c mlx -n "__mlx_at 'launch codex'" -l print-config -d 'Print the settings it would get from a running server, then exit.'
 complete -c mlx -n "__mlx_at 'launch codex'" -l url -x -d 'With --print-env: the servers URL.'
 complete -c mlx -n "__mlx_at 'launch codex'" -l token -x -d 'With --print-env: the servers token.'
+complete -c mlx -n "__mlx_at 'launch codex'" -l hosts -x -d 'Serve across these machines, rank 0 first (this one), e.g. 127.0.0.1,1'
+complete -c mlx -n "__mlx_at 'launch codex'" -l hostfile -r -F -d 'An MLX hostfile (JSON, e.g. from mlx.distributed_config) instead of --'
+complete -c mlx -n "__mlx_at 'launch codex'" -l backend -x -d 'How the ranks talk: ring (TCP) or jaccl (RDMA over Thunderbolt 5; macO'
+complete -c mlx -n "__mlx_at 'launch codex'" -l parallel -x -d 'Split the model by tensor (every layer on every rank) or pipeline (lay'
 complete -c mlx -n "__mlx_at 'launch codex'" -l debug -d 'Show tracebacks and debug logs.'
 complete -c mlx -n "__mlx_at 'launch codex'" -s h -l help -d 'Show help.'
 complete -c mlx -n "__mlx_at 'launch opencode'" -l model -s m -x -a '(__mlx_model_names)' -d 'Alias, repo id, local path, or demo.'
@@ -244,6 +262,10 @@ complete -c mlx -n "__mlx_at 'launch opencode'" -l verbose -s v -d 'Say more.'
 complete -c mlx -n "__mlx_at 'launch opencode'" -l print-config -d 'Print the settings it would get from a running server, then exit.'
 complete -c mlx -n "__mlx_at 'launch opencode'" -l url -x -d 'With --print-env: the servers URL.'
 complete -c mlx -n "__mlx_at 'launch opencode'" -l token -x -d 'With --print-env: the servers token.'
+complete -c mlx -n "__mlx_at 'launch opencode'" -l hosts -x -d 'Serve across these machines, rank 0 first (this one), e.g. 127.0.0.1,1'
+complete -c mlx -n "__mlx_at 'launch opencode'" -l hostfile -r -F -d 'An MLX hostfile (JSON, e.g. from mlx.distributed_config) instead of --'
+complete -c mlx -n "__mlx_at 'launch opencode'" -l backend -x -d 'How the ranks talk: ring (TCP) or jaccl (RDMA over Thunderbolt 5; macO'
+complete -c mlx -n "__mlx_at 'launch opencode'" -l parallel -x -d 'Split the model by tensor (every layer on every rank) or pipeline (lay'
 complete -c mlx -n "__mlx_at 'launch opencode'" -l debug -d 'Show tracebacks and debug logs.'
 complete -c mlx -n "__mlx_at 'launch opencode'" -s h -l help -d 'Show help.'
 complete -c mlx -n "__mlx_at 'models'" -a add -d 'Register a local model directory.'
@@ -273,6 +295,11 @@ complete -c mlx -n "__mlx_at 'models list'" -s h -l help -d 'Show help.'
 complete -c mlx -n "__mlx_at 'models pull'" -a '(__mlx_model_names)'
 complete -c mlx -n "__mlx_at 'models pull'" -l revision -x -d 'Branch, tag or commit.'
 complete -c mlx -n "__mlx_at 'models pull'" -l force -d 'Download even a repo MLX cannot load.'
+complete -c mlx -n "__mlx_at 'models pull'" -l shard -x -d 'Only the files pipeline rank R of N loads (R may list ranks: 0,1/3).'
+complete -c mlx -n "__mlx_at 'models pull'" -l hosts -x -d 'Pull onto these machines (ssh names or IPs, comma-separated, in rank o'
+complete -c mlx -n "__mlx_at 'models pull'" -l hostfile -r -F -d 'An MLX hostfile naming the machines.'
+complete -c mlx -n "__mlx_at 'models pull'" -l parallel -x -d 'How the model will be split: auto, tensor (every host needs every file'
+complete -c mlx -n "__mlx_at 'models pull'" -l python -x -d 'Python with mlxlaunch on the other hosts (default: this one).'
 complete -c mlx -n "__mlx_at 'models pull'" -l debug -d 'Show tracebacks and debug logs.'
 complete -c mlx -n "__mlx_at 'models pull'" -s h -l help -d 'Show help.'
 complete -c mlx -n "__mlx_at 'models recommend'" -l memory -x -d 'Judge for a machine with this many GiB (default: this one).'
@@ -306,6 +333,10 @@ complete -c mlx -n "__mlx_at 'serve'" -l safeguards -l no-safeguards -d 'Judge C
 complete -c mlx -n "__mlx_at 'serve'" -l preload -l no-preload -d 'Load the model before serving.'
 complete -c mlx -n "__mlx_at 'serve'" -l allow-remote -d 'Allow a --host other machines can reach (auth stays on).'
 complete -c mlx -n "__mlx_at 'serve'" -l no-auth -d 'Accept requests without a token (loopback only).'
+complete -c mlx -n "__mlx_at 'serve'" -l hosts -x -d 'Serve across these machines, rank 0 first (this one), e.g. 127.0.0.1,1'
+complete -c mlx -n "__mlx_at 'serve'" -l hostfile -r -F -d 'An MLX hostfile (JSON, e.g. from mlx.distributed_config) instead of --'
+complete -c mlx -n "__mlx_at 'serve'" -l backend -x -d 'How the ranks talk: ring (TCP) or jaccl (RDMA over Thunderbolt 5; macO'
+complete -c mlx -n "__mlx_at 'serve'" -l parallel -x -d 'Split the model by tensor (every layer on every rank) or pipeline (lay'
 complete -c mlx -n "__mlx_at 'serve'" -l allow-origin -x -d 'Browser origin allowed to call the server, e.g. http://localhost:3000 '
 complete -c mlx -n "__mlx_at 'serve'" -l debug -d 'Show tracebacks and debug logs.'
 complete -c mlx -n "__mlx_at 'serve'" -s h -l help -d 'Show help.'

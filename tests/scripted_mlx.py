@@ -8,9 +8,11 @@
 
 Once they are used up the model samples normally. Replies for requests that declare no tools
 (a client's session-title request, say, whose timing against the main request is not fixed)
-can be listed apart, under `"untooled"`: such a request takes those first. The product reads no
-test hook of its own: this script hands a `ScriptedOutput` to `cli.main.main`, whose serving
-commands pass it on as the engine's logits hook (cli/app.py `Overrides`, launch/serving.py).
+can be listed apart, under `"untooled"`: such a request takes those first. With `--hosts`, each
+rank of the cluster runs this script too (`SCRIPT.json --cluster-rank`); rank 0 replies. The
+product reads no test hook of its own: this script hands a `ScriptedOutput` to `cli.main.main`,
+whose serving commands pass it on as the engine's logits hook (cli/app.py `Overrides`,
+launch/serving.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
     from mlxlaunch.testing.scripted import ScriptedOutput
 
 SCRIPT = Path(__file__).resolve()
+CLUSTER_RANK = "--cluster-rank"
 
 
 def scripted_mlx_command(script: Path) -> list[str]:
@@ -91,7 +94,13 @@ def main(argv: list[str]) -> int:
     from mlxlaunch.cli.main import main as mlx_main
 
     scripted = read_script(Path(argv[0]))
-    return mlx_main(argv[1:], overrides=Overrides(logits_hook=scripted))
+    if argv[1:] == [CLUSTER_RANK]:  # one rank of `serve --hosts`, started by mlx.launch
+        from mlxlaunch.launch.cluster_rank import run_from_environment
+
+        return run_from_environment(logits_hook=scripted)
+    # A cluster's rank 0 is another process: mlx.launch starts this script there too.
+    ranks = (str(SCRIPT), str(Path(argv[0]).resolve()), CLUSTER_RANK)
+    return mlx_main(argv[1:], overrides=Overrides(logits_hook=scripted, rank_command=ranks))
 
 
 if __name__ == "__main__":

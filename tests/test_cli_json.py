@@ -20,7 +20,8 @@ CATALOG_KEYS = {"alias", "repo_id", "kind", "params", "bits", "size_bytes", "con
                 "memory_bytes", "note"}  # fmt: skip
 MODEL_KEYS = {"name", "repo_id", "alias", "source", "path", "revision", "refs", "size_on_disk",
               "complete", "model_type", "architecture_supported", "quant_bits", "dtype",
-              "param_count", "context_window", "tool_format", "thinking", "last_used"}  # fmt: skip
+              "param_count", "context_window", "tool_format", "thinking", "last_used",
+              "shard"}  # fmt: skip
 
 
 @pytest.fixture

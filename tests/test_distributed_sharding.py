@@ -1,10 +1,13 @@
-"""Issue 22, item 5 (groundwork): test models shard across ranks on MLX's ring backend.
+"""Issue 22, item 5: the engine on several ranks answers exactly as on one process.
 
-Several local processes started by `mlx.launch --backend ring` over 127.0.0.1 load a test
-model with mlx-lm's `sharded_load` and decode greedily; the tokens must equal those of one
-process with plain `mlx_lm.load`. Covered: the tiny qwen3_moe model (the Qwen3-30B-A3B
-architecture) with tensor parallelism on 2 ranks and pipeline parallelism on 2 and 3, and a
-dense qwen3 model with tensor parallelism on 2 (mlx-lm's qwen3 has no pipeline support).
+Several local processes started by `mlx.launch --backend ring` over 127.0.0.1 run the engine:
+rank 0 leads (its worker shares each decision, engine/scheduling/lockstep.py), the others
+follow (follower.py), the model loaded with mlx-lm's `sharded_load`. A growing conversation
+(each turn reusing the last's cached prefix, as the ranks agree) and three requests batched
+together must give the same greedy text, cached-token counts and lengths as one process.
+Covered: the tiny qwen3_moe model (the Qwen3-30B-A3B architecture) with tensor parallelism on
+2 ranks and pipeline parallelism on 3, and a dense qwen3 model with tensor parallelism
+on 2 (mlx-lm's qwen3 has no pipeline support).
 Every launch runs in its own process group, killed whole afterwards, and no rank may outlive
 its test: SIGTERM to `mlx.launch` alone orphans the ranks.
 """
@@ -24,6 +27,7 @@ import textwrap
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import pytest
@@ -42,7 +46,7 @@ pytestmark = [
     ),
 ]
 
-NEW_TOKENS = 12
+NEW_TOKENS = 12  # per request
 LAUNCH_TIMEOUT_S = 120  # a run takes seconds; this only bounds a hang
 TOKENS_MARKER = "TOKENS "
 
@@ -50,29 +54,50 @@ TOKENS_MARKER = "TOKENS "
 # loads plainly, so the reference shares nothing with the sharded path but the decoding.
 RANK_SCRIPT = textwrap.dedent(
     """
-    import json, sys
+    import asyncio, json, sys
     import mlx.core as mx
-    import mlx_lm
-    from mlx_lm.utils import sharded_load
+    from mlxlaunch.engine.config import ClusterRole, EngineConfig
+    from mlxlaunch.engine.engine import Engine
+    from mlxlaunch.engine.runtime.rank_group import RankGroup
+    from mlxlaunch.engine.scheduling.follower import Follower
+    from mlxlaunch.engine.types import ChatMessage, Done, GenerationRequest, Sampling, TextDelta
 
     model_dir, parallel, new_tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
     group = mx.distributed.init()
-    if group.size() == 1:
-        model, tokenizer = mlx_lm.load(model_dir)[:2]
-    elif parallel == "tensor":
-        model, tokenizer = sharded_load(model_dir, tensor_group=group)[:2]
-    else:
-        model, tokenizer = sharded_load(model_dir, pipeline_group=group)[:2]
-    prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Write a haiku about distributed inference."}],
-        add_generation_prompt=True,
-    )
-    tokens = [
-        response.token
-        for response in mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=new_tokens)
-    ]
-    if group.rank() == 0:
-        print("TOKENS " + json.dumps(tokens), flush=True)
+    role = ClusterRole(RankGroup(group), parallel) if group.size() > 1 else None
+    config = EngineConfig(model=model_dir, cluster=role, cache_dir=None, idle_clear_s=None)
+    if role is not None and not role.group.leads:
+        sys.exit(Follower(config).run())
+
+    def request(text):
+        return GenerationRequest(
+            messages=[ChatMessage("user", text)],
+            max_tokens=new_tokens,
+            sampling=Sampling(temperature=0.0),
+        )
+
+    async def answer(engine, text):
+        events = [event async for event in engine.submit(request(text))]
+        done = events[-1]
+        assert isinstance(done, Done), events
+        reply = "".join(e.text for e in events if isinstance(e, TextDelta))
+        return [reply, done.usage.cached_tokens, done.usage.output_tokens]
+
+    async def main():
+        engine = Engine(config)
+        engine.start()
+        await engine.load()
+        # A conversation growing turn by turn (each reuses the last's prefix), then three
+        # requests decoding together in one batch.
+        turns = [
+            await answer(engine, "Write a haiku about distributed inference." + " More." * i)
+            for i in range(3)
+        ]
+        batch = await asyncio.gather(*[answer(engine, f"Together {j}") for j in range(3)])
+        engine.close()
+        print("TOKENS " + json.dumps(turns + list(batch)), flush=True)
+
+    asyncio.run(main())
     """
 )
 
@@ -105,7 +130,7 @@ def no_rank_left_behind(rank_script: Path) -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def one_process(rank_script: Path) -> Callable[[Path], list[int]]:
+def one_process(rank_script: Path) -> Callable[[Path], list[Any]]:
     """The tokens of one plain process per model, computed once."""
     return functools.cache(lambda model: single_process_tokens(rank_script, model))
 
@@ -202,7 +227,7 @@ def launch(
     env = os.environ | {"TMPDIR": str(script.parent)}
     launcher = subprocess.Popen(
         command,
-        stdin=subprocess.DEVNULL,
+        stdin=subprocess.PIPE,  # not /dev/null: mlx.launch's stdin relay would spin on it
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -240,25 +265,34 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-@pytest.mark.parametrize(("parallel", "ranks"), [("tensor", 2), ("pipeline", 2), ("pipeline", 3)])
+# Pipeline on 3 ranks covers pipeline on 2 (a middle stage besides the two ends).
+@pytest.mark.parametrize(("parallel", "ranks"), [("tensor", 2), ("pipeline", 3)])
 def test_moe_model_sharded_decodes_like_one_process(
     moe_model: Path,
     rank_script: Path,
-    one_process: Callable[[Path], list[int]],
+    one_process: Callable[[Path], list[Any]],
     parallel: str,
     ranks: int,
 ) -> None:
     reference = one_process(moe_model)
-    assert len(reference) == NEW_TOKENS
+    assert_reused_and_full(reference)
     assert launched(rank_script, moe_model, parallel, ranks) == reference
 
 
 def test_dense_model_tensor_parallel_decodes_like_one_process(
-    dense_model: Path, rank_script: Path, one_process: Callable[[Path], list[int]]
+    dense_model: Path, rank_script: Path, one_process: Callable[[Path], list[Any]]
 ) -> None:
     reference = one_process(dense_model)
-    assert len(reference) == NEW_TOKENS
+    assert_reused_and_full(reference)
     assert launched(rank_script, dense_model, "tensor", 2) == reference
+
+
+def assert_reused_and_full(answers: list[Any]) -> None:
+    """The reference itself is what the test means: later turns reused the earlier ones'
+    prefix, and every answer ran to its length (random weights rarely end a turn early)."""
+    assert len(answers) == 6
+    assert answers[1][1] > 0 and answers[2][1] > answers[1][1], answers
+    assert all(output == NEW_TOKENS for _, _, output in answers), answers
 
 
 def test_a_rank_that_cannot_load_its_shard_is_reported_and_leaves_no_process(

@@ -147,7 +147,9 @@ pytest_slow = pytest.mark.slow  # the tests below load a model
 STREAMS = 2
 # ~6.3k tokens through the test tokenizer: seconds of prefill for the medium model.
 LONG_PROMPT_REPEATS = 900
-MAX_SLOWDOWN = 2.5
+# Paced: 1.6-2.1x on a quiet machine; 2.8x seen once with other jobs on both cores. Unpaced
+# (the bug) it was 84-97x, so this bound still fails it by a wide margin.
+MAX_SLOWDOWN = 4.0
 
 
 @pytest.fixture(scope="module")

@@ -20,10 +20,11 @@ ALLOWED: dict[str, set[str] | None] = {
     "store": set(),
     "engine": {"store"},
     "server": {"protocol", "engine"},
-    "launch": {"server", "engine", "store", "protocol", "testing"},
+    "launch": {"server", "engine", "store", "protocol", "testing", "cluster"},
+    "cluster": {"store", "testing"},  # hosts, probes and checks across machines
     "dash": {"protocol"},
     "testing": {"engine", "store"},
-    "bench": {"server", "engine", "store", "protocol", "testing", "launch"},
+    "bench": {"server", "engine", "store", "protocol", "testing", "launch", "cluster"},
     "cli": None,  # the top of the picture may import anything
 }
 
@@ -347,7 +348,8 @@ def test_modules_stay_small() -> None:
 # The product modules that may import mlxlaunch.testing: the test-model names and builds, and
 # the demo's scripted replies, all asked through launch/models.py. Scripted output for tests
 # comes in through an explicit logits_hook (tests/scripted_mlx.py), never from the product.
-MAY_IMPORT_TESTING = {"launch/models.py"}
+# The cluster probe finds built test models where ensure_test_model puts them, without building.
+MAY_IMPORT_TESTING = {"launch/models.py", "cluster/probe.py"}
 
 
 def test_only_the_test_model_path_imports_testing() -> None:

@@ -6,6 +6,7 @@ starts them, in the bench's own environment (same BLAS and thread settings).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -23,6 +24,9 @@ class ChildServer:
     log_prefix = "mlx-bench-"
     stop_signal: signal.Signals = signal.SIGTERM
     stop_timeout_s = 10.0
+    # A child that starts processes of its own (a cluster serve's ranks) runs in a process
+    # group of its own, so a kill after the timeout reaches every one of them.
+    own_process_group = False
 
     def __init__(self) -> None:
         self._process: subprocess.Popen[bytes] | None = None
@@ -43,6 +47,7 @@ class ChildServer:
             stdin=subprocess.DEVNULL,
             # The peer imports mlx without our loader: LD_PRELOAD gives it the same BLAS.
             env={**os.environ, **preload_environment(), "PYTHONUNBUFFERED": "1"},
+            start_new_session=self.own_process_group,
         )
 
     def log_text(self) -> str:
@@ -66,8 +71,17 @@ class ChildServer:
             try:
                 self._process.wait(timeout=self.stop_timeout_s)
             except subprocess.TimeoutExpired:
-                self._process.kill()
+                self._kill()
                 self._process.wait()
         if self._log is not None:
             self._log.close()
             self._log = None
+
+    def _kill(self) -> None:
+        """SIGKILL the child (and its process group, if it has one of its own)."""
+        assert self._process is not None
+        if self.own_process_group:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._process.pid, signal.SIGKILL)
+        else:
+            self._process.kill()

@@ -139,17 +139,9 @@ def caveats(rows: list[SummaryRow], ours: str, peer: str | None, *, quick: bool)
     return notes
 
 
-def _plain(value: float | None, unit: str) -> str:
-    return format_value(value, unit).replace("—", "–")
-
-
-def markdown_table(report: dict[str, Any], rows: list[SummaryRow]) -> str:
-    """The summary as a Markdown table (for a README), headed by date, model, BLAS, machine.
-
-    Columns: each server, their ratio (>1: ours better) and the in-process limit (prefill
-    floor or decode ceiling). Per-server notes (cache hits, floor ratios) follow the figures.
-    """
-    ours, peer = report["ours"], report.get("peer")
+def markdown_heading(report: dict[str, Any]) -> list[str]:
+    """The lines above a Markdown table: date, model, BLAS, machine (and, on a CPU, why the
+    limits can be beaten)."""
     machine, model = report["machine"], report["model"]
     memory = machine.get("memory_bytes")
     lines = [
@@ -161,6 +153,22 @@ def markdown_table(report: dict[str, Any], rows: list[SummaryRow]) -> str:
     ]
     if "cpu" in str(machine.get("device", "")).lower():
         lines += [LIMITS_ON_CPU, ""]
+    return lines
+
+
+def plain_value(value: float | None, unit: str) -> str:
+    """A figure for Markdown (no rich markup; an en dash where there is none)."""
+    return format_value(value, unit).replace("—", "–")
+
+
+def markdown_table(report: dict[str, Any], rows: list[SummaryRow]) -> str:
+    """The summary as a Markdown table (for a README), headed by date, model, BLAS, machine.
+
+    Columns: each server, their ratio (>1: ours better) and the in-process limit (prefill
+    floor or decode ceiling). Per-server notes (cache hits, floor ratios) follow the figures.
+    """
+    ours, peer = report["ours"], report.get("peer")
+    lines = markdown_heading(report)
     names = [ours, peer] if peer else [ours]
     header = ["workload", "metric", *names] + (["ratio"] if peer else []) + ["limit"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -168,13 +176,13 @@ def markdown_table(report: dict[str, Any], rows: list[SummaryRow]) -> str:
     for row in rows:
         cells = [row.workload if row.workload != previous else "", row.metric]
         for name in names:
-            cell = _plain(row.values.get(name), row.unit) if row.values else ""
+            cell = plain_value(row.values.get(name), row.unit) if row.values else ""
             note = row.notes.get(name)
             cells.append(f"{cell} ({note})" if note and cell else cell)
         if peer:
             ratio = row.speedup(ours, peer) if row.values else None
             cells.append(f"{ratio:.2f}×" if ratio is not None else "")
-        cells.append(_plain(row.limit, row.unit) if row.limit is not None else "")
+        cells.append(plain_value(row.limit, row.unit) if row.limit is not None else "")
         lines.append("| " + " | ".join(cells) + " |")
         previous = row.workload
     return "\n".join(lines) + "\n"

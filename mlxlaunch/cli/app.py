@@ -51,6 +51,9 @@ class Overrides:
     """
 
     logits_hook: LogitsHook | None = None
+    # How a cluster's ranks are started (`mlx.launch` runs it with python on each host);
+    # None: `-m mlxlaunch.launch.cluster_rank`. Tests put their scripted rank 0 here.
+    rank_command: tuple[str, ...] | None = None
 
 
 def overrides(ctx: typer.Context) -> Overrides:

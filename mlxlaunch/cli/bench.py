@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -24,6 +24,9 @@ from mlxlaunch.bench.report import caveats, markdown_table, render_table, write_
 from mlxlaunch.cli.options import model_option
 from mlxlaunch.errors import ConfigError
 from mlxlaunch.launch.models import resolve_name
+
+if TYPE_CHECKING:
+    from mlxlaunch.cluster.hosts import Cluster
 
 
 class ProgressBars:
@@ -117,6 +120,40 @@ def bench(
     out: Annotated[
         Path, typer.Option("--out", help="Directory for the JSON report and the SVG chart.")
     ] = Path("mlx-bench"),
+    hosts: Annotated[
+        str | None,
+        typer.Option(
+            "--hosts",
+            help="Measure `mlx serve --hosts` on these machines (rank 0 first: this one) beside "
+            "one process, e.g. 127.0.0.1,10.0.0.2.",
+            show_default=False,
+        ),
+    ] = None,
+    hostfile: Annotated[
+        Path | None,
+        typer.Option("--hostfile", help="An MLX hostfile instead of --hosts.", show_default=False),
+    ] = None,
+    backend: Annotated[
+        str | None,
+        typer.Option(
+            "--backend",
+            help="With --hosts: ring or jaccl (default: the hostfile's, else ring).",
+            show_default=False,
+        ),
+    ] = None,
+    parallel: Annotated[
+        str,
+        typer.Option("--parallel", help="With --hosts: auto, tensor or pipeline."),
+    ] = "auto",
+    ranks: Annotated[
+        str | None,
+        typer.Option(
+            "--ranks",
+            help="With --hosts: the rank counts to measure, e.g. 1,2,3 (k ranks run on the "
+            "first k hosts; default: 1 and every host).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Measure time to first token over a Claude Code session, decode speed and concurrency.
 
@@ -134,7 +171,21 @@ def bench(
       mlx bench --model qwen-coder-7b --turns 8
 
       mlx bench --model ./my-model --url http://127.0.0.1:8080 --no-peer
+
+      mlx bench --quick --model tiny-moe --hosts 127.0.0.1,127.0.0.1
+
+    With --hosts (or --hostfile) the workloads run once per rank count instead, each alone:
+    `mlx serve` as one process, then `mlx serve --hosts` on the first k hosts; the table shows
+    every rank count and its ratio to the first. mlx-lm's server and the tool loop are left
+    out.
     """
+    from mlxlaunch.cluster.hosts import cluster_from_options
+
+    cluster = cluster_from_options(hosts, hostfile, backend=backend, parallel=parallel)
+    if cluster is not None and url:
+        raise ConfigError("--url measures one server already running; --hosts starts its own")
+    if cluster is None and ranks is not None:
+        raise ConfigError("--ranks needs --hosts or --hostfile")
     config = BenchConfig.create(
         quick=quick,
         turns=turns,
@@ -155,6 +206,9 @@ def bench(
     from mlxlaunch.bench.harness import BenchOptions, run_benchmark
 
     model_dir = resolve_name(model)
+    if cluster is not None:
+        _bench_cluster(cluster, ranks, str(model_dir), model, config, max_concurrency, out, console)
+        return
     options = BenchOptions(
         str(model_dir),
         model,
@@ -164,29 +218,77 @@ def bench(
         peer=peer,
         max_concurrency=max_concurrency,
     )
-    columns = (
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=console, transient=True) as progress:
+    with Progress(*PROGRESS_COLUMNS, console=console, transient=True) as progress:
         outcome = asyncio.run(run_benchmark(options, ProgressBars(progress)))
     for warning in outcome.warnings:
         console.print(f"[yellow]warning:[/] {warning}")
     report = outcome.report
-    machine = report["machine"]
-    title = (
-        f"mlx bench · {report['date']} · model {model} · {machine['device']} · "
-        f"{machine['blas']} · {machine['cpu_count']} CPUs" + (" · quick" if quick else "")
-    )
-    console.print(render_table(outcome.rows, outcome.ours, outcome.peer, title))
+    console.print(render_table(outcome.rows, outcome.ours, outcome.peer, _title(report, model)))
     for caveat in caveats(outcome.rows, outcome.ours, outcome.peer, quick=quick):
         console.print(f"[yellow]note:[/] {caveat}", highlight=False)
+    _write(out, report, markdown_table(report, outcome.rows), outcome, model, console)
+
+
+PROGRESS_COLUMNS = (
+    TextColumn("{task.description}"),
+    BarColumn(),
+    MofNCompleteColumn(),
+    TimeElapsedColumn(),
+)
+
+
+def _title(report: dict[str, Any], model: str) -> str:
+    machine = report["machine"]
+    return (
+        f"mlx bench · {report['date']} · model {model} · {machine['device']} · "
+        f"{machine['blas']} · {machine['cpu_count']} CPUs"
+        + (" · quick" if report["config"]["quick"] else "")
+    )
+
+
+def _write(
+    out: Path, report: dict[str, Any], table: str, outcome: Any, model: str, console: Console
+) -> None:
+    """The JSON report, the Markdown table and the per-turn TTFT chart, under `out`."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     json_path = write_json(report, out / f"bench-{stamp}.json")
     chart_path = out / f"bench-{stamp}-ttft.svg"
     chart_path.write_text(turn_ttft_svg(outcome.servers, outcome.limits, model=model))
     table_path = out / f"bench-{stamp}.md"
-    table_path.write_text(markdown_table(report, outcome.rows), encoding="utf-8")
+    table_path.write_text(table, encoding="utf-8")
     console.print(f"JSON: {json_path}\nchart: {chart_path}\ntable: {table_path}", highlight=False)
+
+
+def _bench_cluster(
+    cluster: Cluster,
+    ranks: str | None,
+    model_dir: str,
+    model: str,
+    config: BenchConfig,
+    max_concurrency: int | None,
+    out: Path,
+    console: Console,
+) -> None:
+    """`mlx bench --hosts`: every rank count in turn, then the table of them side by side."""
+    from mlxlaunch.bench.cluster_bench import ClusterBenchOptions, run_cluster_benchmark
+    from mlxlaunch.bench.rank_report import rank_markdown, render_rank_table
+    from mlxlaunch.bench.ranks import parse_ranks
+
+    options = ClusterBenchOptions(
+        model_dir,
+        model,
+        cluster,
+        parse_ranks(ranks, cluster),
+        config,
+        max_concurrency=max_concurrency,
+    )
+    with Progress(*PROGRESS_COLUMNS, console=console, transient=True) as progress:
+        outcome = asyncio.run(run_cluster_benchmark(options, ProgressBars(progress)))
+    for warning in outcome.warnings:
+        console.print(f"[yellow]warning:[/] {warning}")
+    report = outcome.report
+    title = _title(report, model) + f" · {cluster.backend} over {', '.join(cluster.hosts)}"
+    console.print(render_rank_table(outcome.rows, outcome.names, title))
+    for caveat in [*outcome.notes, *caveats(outcome.rows, outcome.base, None, quick=config.quick)]:
+        console.print(f"[yellow]note:[/] {caveat}", highlight=False)
+    _write(out, report, rank_markdown(report, outcome.rows), outcome, model, console)

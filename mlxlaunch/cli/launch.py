@@ -24,6 +24,12 @@ from mlxlaunch.cli.cache_options import (
     DebugCacheOption,
     SafeguardsOption,
 )
+from mlxlaunch.cli.cluster_options import (
+    BackendOption,
+    HostfileOption,
+    HostsOption,
+    ParallelOption,
+)
 from mlxlaunch.cli.options import model_option
 from mlxlaunch.cli.scheduler_options import (
     DEFAULT_IDLE_CLEAR,
@@ -37,6 +43,7 @@ from mlxlaunch.cli.scheduler_options import (
     RenderOption,
     ToolFormatOption,
 )
+from mlxlaunch.cluster.hosts import Cluster, cluster_from_options
 from mlxlaunch.engine.settings import DEFAULT_CACHE_DISK
 from mlxlaunch.errors import ConfigError
 from mlxlaunch.launch.claude_bin import CLAUDE_CODE_VERSION, INSTALL_FLAG
@@ -185,6 +192,10 @@ def claude(
     debug_cache: DebugCacheOption = False,
     safeguards: SafeguardsOption = True,
     preload: Annotated[bool, _preload_option("claude")] = False,
+    hosts: HostsOption = None,
+    hostfile: HostfileOption = None,
+    backend: BackendOption = None,
+    parallel: ParallelOption = "auto",
     claude_bin: Annotated[
         str | None,
         typer.Option(help="The claude to run (default: `claude` on PATH, else the pinned one)."),
@@ -218,6 +229,7 @@ def claude(
     check_claude_can_start(
         claude_args or [], stdin_tty=sys.stdin.isatty(), stdout_tty=sys.stdout.isatty()
     )
+    cluster = cluster_from_options(hosts, hostfile, backend=backend, parallel=parallel)
     found = _claude_to_run(claude_bin, install_claude)
     _run(
         CLAUDE,
@@ -245,6 +257,7 @@ def claude(
             extra_env=extra,
             verbose=verbose,
             yes=yes,
+            cluster=cluster,
         ),
     )
 
@@ -273,6 +286,7 @@ class _ServeArgs:
     verbose: bool
     yes: bool
     small_model: str | None = None
+    cluster: Cluster | None = None
 
 
 def _run(
@@ -306,13 +320,16 @@ def _run(
         agent_args=args,
         extra_env=a.extra_env,
         verbose=a.verbose,
+        cluster=a.cluster,
     )
+    given = overrides(ctx)
     code = launch_agent(
         agent,
         options,
         console=_console,
         offer_pull=lambda: _offer_pull(_console, a.yes),
-        logits_hook=overrides(ctx).logits_hook,
+        logits_hook=given.logits_hook,
+        rank_command=given.rank_command,
     )
     _exit_now(code)
 
@@ -401,6 +418,10 @@ def _agent_command(agent: Integration, example: str) -> None:
         ] = False,
         url: UrlOption = None,
         token: TokenOption = None,
+        hosts: HostsOption = None,
+        hostfile: HostfileOption = None,
+        backend: BackendOption = None,
+        parallel: ParallelOption = "auto",
     ) -> None:
         try:
             extra = parse_env_pairs(env or [])
@@ -438,6 +459,7 @@ def _agent_command(agent: Integration, example: str) -> None:
             extra_env=extra,
             verbose=verbose,
             yes=yes,
+            cluster=cluster_from_options(hosts, hostfile, backend=backend, parallel=parallel),
         )
         _run(agent, ctx, found, agent_args or [], serve)
 

@@ -73,7 +73,9 @@ def _tokens(n: int | None) -> str:
 
 def _name(model: LocalModel) -> Text:
     name = Text(model.name, style="bold")
-    if not model.complete:
+    if model.shard is not None:  # only some pipeline ranks' files, all there: not broken
+        name.append(f" (shard {model.shard})", style="cyan")
+    elif not model.complete:
         name.append(" (incomplete)", style="yellow")
     return name
 
@@ -176,6 +178,10 @@ def _sampling(stated: dict[str, float | int], ignored: list[str]) -> str:
     return f"{text}; ignored: {'; '.join(ignored)}" if ignored else text
 
 
+def _shard_note(shard: str | None) -> str:
+    return f" (shard {shard}: the files of these pipeline ranks only)" if shard else ""
+
+
 def info_fields(data: dict[str, Any]) -> list[tuple[str, str]]:
     """`info_json`'s document as labelled values in words, in reading order."""
     refs = _words(data["refs"])
@@ -186,7 +192,7 @@ def info_fields(data: dict[str, Any]) -> list[tuple[str, str]]:
         ("path", data["path"]),
         ("revision", f"{data['revision']} ({refs})" if data["revision"] else "none"),
         ("size on disk", format_bytes(int(data["size_on_disk"]))),
-        ("complete", yes_no(data["complete"])),
+        ("complete", yes_no(data["complete"]) + _shard_note(data.get("shard"))),
         ("architecture", _architecture(data["model_type"], data["architecture_supported"])),
         ("bits", str(data["quant_bits"] or "none")),
         ("dtype", data["dtype"] or "unknown"),

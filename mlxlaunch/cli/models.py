@@ -7,6 +7,11 @@ Every command is a thin shell over `mlxlaunch.store`; failures are typed errors 
 from __future__ import annotations
 
 import json
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -23,7 +28,9 @@ from mlxlaunch.cli.model_views import (
     print_local_models,
 )
 from mlxlaunch.cli.options import MODEL_METAVAR, JsonOption
-from mlxlaunch.errors import ConfigError, ModelNotFound
+from mlxlaunch.cluster.architecture import parallel_mode
+from mlxlaunch.cluster.hosts import PARALLEL_MODES, is_local, parse_hosts, read_hostfile
+from mlxlaunch.errors import ConfigError, MlxLaunchError, ModelNotFound
 from mlxlaunch.launch.models import is_test_model_name, notice_for_test_model, offline_model_dir
 from mlxlaunch.store import (
     CATALOG,
@@ -42,6 +49,13 @@ from mlxlaunch.store import (
 )
 from mlxlaunch.store.memory import GIB, format_bytes, memory_fit
 from mlxlaunch.store.progress import RichPullProgress
+from mlxlaunch.store.pull import PullPlan
+from mlxlaunch.store.shards import (
+    ShardSpec,
+    layer_range,
+    parse_shard,
+    pipeline_split,
+)
 
 models_app = typer.Typer(
     name="models",
@@ -82,6 +96,39 @@ def _gib(memory: float | None) -> int | None:
     return int(memory * GIB)
 
 
+HostsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--hosts",
+        help="Pull onto these machines (ssh names or IPs, comma-separated, in rank order); "
+        "with pipeline parallelism each fetches only its ranks' files.",
+    ),
+]
+HostfileOpt = Annotated[
+    Path | None, typer.Option("--hostfile", help="An MLX hostfile naming the machines.")
+]
+ParallelOpt = Annotated[
+    str,
+    typer.Option(
+        "--parallel",
+        help="How the model will be split: auto, tensor (every host needs every file) or "
+        "pipeline (each host its layers' files).",
+    ),
+]
+ShardOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--shard",
+        metavar="R/N",
+        help="Only the files pipeline rank R of N loads (R may list ranks: 0,1/3).",
+    ),
+]
+PythonOpt = Annotated[
+    str | None,
+    typer.Option("--python", help="Python with mlxlaunch on the other hosts (default: this one)."),
+]
+
+
 @models_app.command("pull", short_help="Download a model into the hub cache.")
 def pull_command(
     name: Annotated[
@@ -97,33 +144,197 @@ def pull_command(
     force: Annotated[
         bool, typer.Option("--force", help="Download even a repo MLX cannot load.")
     ] = False,
+    shard: ShardOpt = None,
+    hosts: HostsOpt = None,
+    hostfile: HostfileOpt = None,
+    parallel: ParallelOpt = "auto",
+    python: PythonOpt = None,
 ) -> None:
     """Download a model's MLX files into the hub cache (resumable), then check it loads.
+
+    With --hosts (or --hostfile) every machine of a cluster pulls, in parallel: for
+    pipeline parallelism each only its ranks' weight files, as mlx-lm's sharded_load loads
+    them; other hosts over ssh, running `PYTHON -m mlxlaunch models pull MODEL --shard R/N`.
 
     Examples:
 
       mlx models pull qwen-coder-7b
 
       mlx models pull mlx-community/Qwen3-8B-4bit --revision main
+
+      mlx models pull qwen3-coder-30b --hosts 10.0.0.1,10.0.0.2
+
+      mlx models pull qwen3-coder-30b --parallel pipeline --hostfile hosts.json
+
+      mlx models pull qwen3-coder-30b --shard 1/2
     """
-    plan = plan_pull(name, revision=revision)
+    if parallel not in PARALLEL_MODES:
+        raise ConfigError(f"--parallel {parallel!r}: one of {', '.join(PARALLEL_MODES)}")
+    if hosts is not None or hostfile is not None:
+        if shard is not None:
+            raise ConfigError("--shard is one host's part; --hosts gives each host its ranks")
+        _pull_on_hosts(name, revision, force, hosts, hostfile, parallel, python)
+        return
+    if python is not None:
+        raise ConfigError("--python is for the other hosts of --hosts or --hostfile")
+    if shard is not None and parallel == "tensor":
+        raise ConfigError("--shard takes pipeline ranks: with --parallel tensor pull it whole")
+    if shard is None and parallel != "auto":
+        raise ConfigError("--parallel needs --hosts, --hostfile or --shard")
+    _pull_here(name, revision, force, parse_shard(shard) if shard else None)
+
+
+def _pull_here(
+    name: str, revision: str | None, force: bool, shard: ShardSpec | None, where: str = ""
+) -> None:
+    """Plan, report and run one pull into this machine's cache (of `shard`'s ranks only)."""
+    plan = plan_pull(name, revision=revision, shard=shard)
     label = plan.alias or plan.repo_id
+    lead = f"{where}: " if where else ""
     _err.print(
-        f"[bold]{plan.repo_id}[/] @ {plan.commit[:10]}: {len(plan.files)} files, "
+        f"{lead}[bold]{plan.repo_id}[/] @ {plan.commit[:10]}: {len(plan.files)} files, "
         f"{format_bytes(plan.total_bytes)} ({len(plan.skipped)} non-MLX files skipped)",
         highlight=False,
     )
-    _err.print(f"memory: {plan.fit.describe()}", highlight=False)
+    if plan.shard is not None:
+        _err.print(f"{lead}{_shard_summary(plan, plan.shard)}", highlight=False)
+    _err.print(f"{lead}memory: {plan.fit.describe()}", highlight=False)
     for problem in plan.problems:
-        _err.print(f"[yellow]problem:[/] {problem}", highlight=False)
+        _err.print(f"{lead}[yellow]problem:[/] {problem}", highlight=False)
     result = pull(plan, progress=RichPullProgress(_err, label=label), force=force)
     for note in result.report.notes:
-        _err.print(f"[dim]note:[/] {note}", highlight=False)
+        _err.print(f"{lead}[dim]note:[/] {note}", highlight=False)
     if not result.report.ok:
         for problem in result.report.problems:
-            _err.print(f"[red]check failed:[/] {problem}", highlight=False)
+            _err.print(f"{lead}[red]check failed:[/] {problem}", highlight=False)
         raise typer.Exit(4)
-    _err.print(f"[green]ready:[/] {label} → {result.path}", highlight=False)
+    _err.print(f"{lead}[green]ready:[/] {label} → {result.path}", highlight=False)
+
+
+def _shard_summary(plan: PullPlan, shard: ShardSpec) -> str:
+    spans = []
+    for rank in shard.ranks:
+        start, end = layer_range(plan.config, rank, shard.size)
+        layers = f"layer {start}" if end - start == 1 else f"layers {start}–{end - 1}"
+        spans.append(f"rank {rank}: {layers}")
+    return (
+        f"shard {shard.label} ({', '.join(spans)}); "
+        f"{len(plan.other_ranks)} weight files of other ranks not fetched"
+    )
+
+
+def _pull_on_hosts(
+    name: str,
+    revision: str | None,
+    force: bool,
+    hosts: str | None,
+    hostfile: Path | None,
+    parallel: str,
+    python: str | None,
+) -> None:
+    """Pull on every host of a cluster at once; any host's failure is reported by its name
+    and makes the command exit non-zero once all have finished."""
+    if hosts is not None and hostfile is not None:
+        raise ConfigError("give --hosts or --hostfile, not both")
+    names = read_hostfile(hostfile)[0] if hostfile is not None else parse_hosts(hosts or "")
+    size = len(names)
+    plan = plan_pull(name, revision=revision)  # one commit for all, and the config
+    mode = parallel_mode(plan.config, parallel)
+    if mode == "pipeline":
+        pipeline_split(plan.config, size)  # more ranks than layers: refused before any pull
+    what = "its ranks' files" if mode == "pipeline" else "the whole model"
+    _err.print(
+        f"[bold]{plan.repo_id}[/] @ {plan.commit[:10]}: {mode} parallel on {size} ranks; "
+        f"each host pulls {what}",
+        highlight=False,
+    )
+    local = tuple(r for r, host in enumerate(names) if is_local(host))
+    remote: dict[str, list[int]] = {}
+    for rank, host in enumerate(names):
+        if not is_local(host):
+            remote.setdefault(host, []).append(rank)
+    failures: dict[str, str] = {}
+    remotes: list[tuple[str, subprocess.Popen[str], threading.Thread]] = []
+    try:
+        for host, ranks in remote.items():
+            spec = ShardSpec(tuple(ranks), size) if mode == "pipeline" else None
+            argv = _remote_pull_argv(host, name, plan.commit, force, spec, python)
+            if (proc := _start_remote(host, argv, failures)) is not None:
+                thread = threading.Thread(target=_show_remote, args=(host, proc, failures))
+                thread.start()
+                remotes.append((host, proc, thread))
+        if local:
+            spec = ShardSpec(local, size) if mode == "pipeline" else None
+            try:
+                _pull_here(name, plan.commit, force, spec, where="this machine")
+            except MlxLaunchError as exc:
+                failures["this machine"] = exc.message + (f" ({exc.hint})" if exc.hint else "")
+            except typer.Exit:
+                failures["this machine"] = "the model failed its check after download"
+        for _, _, thread in remotes:
+            thread.join()
+    finally:  # Ctrl-C here: no pull goes on running on another host
+        for _, proc, thread in remotes:
+            if proc.poll() is None:
+                proc.terminate()
+            thread.join()
+    if failures:
+        for host, message in failures.items():
+            _err.print(Text.assemble((f"{host}: pull failed: ", "red"), message))
+        raise typer.Exit(1)
+    _err.print(f"[green]ready on {size} ranks:[/] {plan.alias or plan.repo_id}", highlight=False)
+
+
+def _remote_pull_argv(
+    host: str, name: str, commit: str, force: bool, shard: ShardSpec | None, python: str | None
+) -> list[str]:
+    """`ssh HOST 'PYTHON -m mlxlaunch models pull …'`, pinned to the commit this host planned
+    (so every host gets the same files)."""
+    ssh = shutil.which("ssh")
+    if ssh is None:
+        raise ConfigError("ssh is not installed: it starts the pulls on the other hosts")
+    # COLUMNS: its lines are shown here under the host's name, not wrapped at 80.
+    command = ["env", "COLUMNS=160", python or sys.executable, "-m", "mlxlaunch", "models"]
+    command += ["pull", name]
+    command += ["--revision", commit]
+    if force:
+        command.append("--force")
+    if shard is not None:
+        command += ["--shard", shard.label]
+    return [ssh, "-o", "BatchMode=yes", host, shlex.join(command)]
+
+
+def _start_remote(
+    host: str, argv: list[str], failures: dict[str, str]
+) -> subprocess.Popen[str] | None:
+    try:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+        )
+    except OSError as exc:
+        failures[host] = f"cannot start ssh ({exc})"
+        return None
+
+
+def _show_remote(host: str, proc: subprocess.Popen[str], failures: dict[str, str]) -> None:
+    """Show one host's pull line by line under the host's name, then judge how it ended."""
+    tail = ""
+    assert proc.stdout is not None
+    with proc.stdout:
+        for line in proc.stdout:
+            if line := line.rstrip():
+                tail = line
+                _err.print(Text.assemble((f"{host}: ", "dim"), line))
+    code = proc.wait()
+    if code == 255:
+        failures[host] = "ssh could not reach it (or log in without a password)"
+    elif code != 0:
+        failures[host] = f"exit code {code}" + (f": {tail}" if tail else "")
 
 
 @models_app.command("list", short_help="List local models.")

@@ -15,6 +15,12 @@ from mlxlaunch.cli.cache_options import (
     DebugCacheOption,
     SafeguardsOption,
 )
+from mlxlaunch.cli.cluster_options import (
+    BackendOption,
+    HostfileOption,
+    HostsOption,
+    ParallelOption,
+)
 from mlxlaunch.cli.options import model_option
 from mlxlaunch.cli.scheduler_options import (
     DEFAULT_IDLE_CLEAR,
@@ -44,6 +50,8 @@ Examples:
   mlx serve --model ./my-mlx-model --context-length 32768
 
   mlx serve --model demo --host 0.0.0.0 --allow-remote
+
+  mlx serve --model qwen-coder-7b --hosts 127.0.0.1,10.0.0.2
 """
 
 _console = Console(stderr=True)
@@ -89,6 +97,10 @@ def serve(
         bool,
         typer.Option("--no-auth", help="Accept requests without a token (loopback only)."),
     ] = False,
+    hosts: HostsOption = None,
+    hostfile: HostfileOption = None,
+    backend: BackendOption = None,
+    parallel: ParallelOption = "auto",
     allow_origin: Annotated[
         list[str] | None,
         typer.Option(
@@ -100,6 +112,7 @@ def serve(
     ] = None,
 ) -> None:
     # The engine (and mlx) load only when serving, keeping every other `mlx` command quick.
+    from mlxlaunch.cluster.hosts import cluster_from_options
     from mlxlaunch.launch.serve import ServeOptions, serve_model
     from mlxlaunch.launch.serving import EngineOptions
 
@@ -112,6 +125,7 @@ def serve(
         allow_remote=allow_remote,
         allowed_origins=tuple(allow_origin or ()),
         preload=preload,
+        cluster=cluster_from_options(hosts, hostfile, backend=backend, parallel=parallel),
         engine=EngineOptions(
             context_length=context_length,
             max_concurrency=max_concurrency,
@@ -127,4 +141,10 @@ def serve(
             safeguards=safeguards,
         ),
     )
-    serve_model(options, console=_console, logits_hook=overrides(ctx).logits_hook)
+    given = overrides(ctx)
+    serve_model(
+        options,
+        console=_console,
+        logits_hook=given.logits_hook,
+        rank_command=given.rank_command,
+    )

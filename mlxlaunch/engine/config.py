@@ -24,6 +24,20 @@ RenderMode = Literal["exact", "stable"]
 RENDER_MODES: tuple[RenderMode, ...] = ("exact", "stable")
 
 
+@dataclass(frozen=True)
+class ClusterRole:
+    """This process's part in a cluster: its rank group and how the model is split."""
+
+    group: Any  # runtime/rank_group.RankGroup (the face imports no sub-room)
+    parallel: Literal["tensor", "pipeline"]
+
+    @property
+    def shard_name(self) -> str:
+        """Names what this rank holds, e.g. `tensor-rank1of2`: its saved prefixes are its
+        own (one file per rank under the same key), apart from one machine's."""
+        return f"{self.parallel}-rank{self.group.rank}of{self.group.size}"
+
+
 def _on_gpu() -> bool:
     return bool(mx.default_device().type == mx.DeviceType.gpu)
 
@@ -89,6 +103,8 @@ class EngineConfig:
         render: "stable" (default: each prompt extends the previous prompt and output, so the
             prefix cache prefills only what is new) or "exact" (the chat template's own
             output, which may re-render the past).
+        cluster: this process's rank of a cluster serving the model sharded (None: one
+            process, the whole model); see engine/cluster/.
         debug_cache: keep the prompt text around each cache miss in stats and the log
             (`--debug-cache`); off, a miss says only where it happened, with digests of the
             text, since every client with the token can read stats (engine/cache/misses.py).
@@ -117,6 +133,7 @@ class EngineConfig:
     tool_format: str | None = None
     render: RenderMode = "stable"
     debug_cache: bool = False
+    cluster: ClusterRole | None = None
 
     def __post_init__(self) -> None:
         if self.render not in RENDER_MODES:

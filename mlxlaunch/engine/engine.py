@@ -23,6 +23,7 @@ import threading
 import uuid
 from collections.abc import AsyncIterator
 from functools import partial
+from typing import Any
 
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.decoding.plan import (
@@ -160,6 +161,11 @@ class Engine:
             self._load_future = None
             self._worker.post(partial(self._worker.unload, future))
         await asyncio.wrap_future(future)
+
+    @property
+    def lost(self) -> EngineUnavailable | None:
+        """Why this engine can serve no more (a rank of its cluster is gone); None: it can."""
+        return self._worker.cluster_lost
 
     @property
     def model_info(self) -> ModelInfo | None:
@@ -370,3 +376,26 @@ class Engine:
             with self._lock:
                 if self._load_future is future:
                     self._load_future = None
+
+
+# --- several ranks (engine/scheduling/lockstep.py) ----------------------------------------
+
+
+def join_cluster() -> Any:
+    """This process's rank group, as `mlx.launch` set it up (a `RankGroup`: `rank`, `size`,
+    `leads`, `gather_text`); the engine of rank 0 is built with it in `EngineConfig.cluster`.
+
+    Raises:
+        RuntimeError: MLX cannot join the group.
+    """
+    from mlxlaunch.engine.runtime.rank_group import RankGroup
+
+    return RankGroup.joined()
+
+
+def follow(config: EngineConfig) -> int:
+    """Run a rank other than 0 until rank 0 says stop; its exit code (engine/scheduling/
+    follower.py)."""
+    from mlxlaunch.engine.scheduling.follower import Follower
+
+    return Follower(config).run()

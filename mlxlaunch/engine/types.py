@@ -249,6 +249,10 @@ class EngineUnavailable(EngineError):
     """The model could not be loaded or the engine is shutting down."""
 
 
+class ClusterLost(EngineUnavailable):
+    """A rank of the cluster died or cannot be reached: the cluster cannot go on."""
+
+
 # --- model facts ------------------------------------------------------------------------------
 
 

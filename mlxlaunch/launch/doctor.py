@@ -16,6 +16,8 @@ from typing import Literal
 
 from mlxlaunch.blas import ENV_CHOICE
 from mlxlaunch.blas_probe import BlasReport, blas_report
+from mlxlaunch.cluster.link import LinkFigures
+from mlxlaunch.cluster.preflight import MATCHED_PACKAGES, HostFacts, Preflight
 from mlxlaunch.launch.claude_bin import (
     CLAUDE_CODE_PACKAGE,
     CLAUDE_CODE_VERSION,
@@ -348,3 +350,88 @@ def gather_facts(
         node=node_facts(),
         cpu_count=os.cpu_count() or 1,
     )
+
+
+# --- several machines: `mlx doctor --hosts …` -------------------------------------------
+
+
+def _versions_of(host: HostFacts) -> str:
+    return ", ".join(f"{name} {host.versions.get(name) or 'missing'}" for name in MATCHED_PACKAGES)
+
+
+def _host_check(host: HostFacts, preflight: Preflight) -> Check:
+    name = f"host {host.host}"
+    if not host.reachable:
+        fix = f"make `ssh {host.host}` work without a password (ssh-copy-id); install mlxlaunch"
+        return Check(name, "fail", f"unreachable: {host.error}", fix)
+    ranks = [str(r) for r, h in enumerate(preflight.cluster.hosts) if h == host.host]
+    parts = [f"rank{'s' if len(ranks) > 1 else ''} {','.join(ranks)}", _versions_of(host)]
+    if host.available_memory is not None and host.total_memory is not None:
+        free, total = format_bytes(host.available_memory), format_bytes(host.total_memory)
+        parts.append(f"{free} of {total} free")
+    backend = preflight.cluster.backend
+    parts.append(f"{backend}: {'yes' if host.backends.get(backend) else 'no'}")
+    if host.model is not None:
+        found = host.model.found
+        parts.append(
+            f"model: {format_bytes(host.model.weight_bytes)}" if found else "model: missing"
+        )
+    problems = preflight.about(host.host)
+    return Check(
+        name,
+        "fail" if problems else "ok",
+        "; ".join(parts),
+        " ".join(p.text for p in problems) or None,
+    )
+
+
+def cluster_checks(preflight: Preflight, link: LinkFigures | None) -> list[Check]:
+    """The cluster section: a check per host, then versions, model files, shards and link."""
+    checks = [_host_check(host, preflight) for host in preflight.hosts]
+    reached = [h for h in preflight.hosts if h.reachable]
+    if mismatched := preflight.of_kind("versions"):
+        detail = " ".join(p.text for p in mismatched)
+        checks.append(Check("versions", "fail", detail, "install one version on every host"))
+    elif reached:
+        where = (
+            "every host"
+            if len(reached) == len(preflight.hosts)
+            else f"the {len(reached)} reachable of {len(preflight.hosts)} hosts"
+        )
+        checks.append(Check("versions", "ok", f"alike on {where}: {_versions_of(reached[0])}"))
+    if preflight.model is not None:
+        checks.append(_model_files_check(preflight))
+        checks.append(_shard_check(preflight))
+    checks.append(_link_check(link))
+    return checks
+
+
+def _model_files_check(preflight: Preflight) -> Check:
+    if differ := preflight.of_kind("model-differs"):
+        return Check("model files", "fail", differ[0].text, "copy one snapshot to every host")
+    alike = [h for h in preflight.hosts if h.model and h.model.found]
+    if len(alike) < len(preflight.hosts):
+        detail = f"compared on {len(alike)} of {len(preflight.hosts)} hosts (see above)"
+        return Check("model files", "warn", detail)
+    count = len(alike)
+    return Check("model files", "ok", f"alike on the {count} host{'s' if count != 1 else ''}")
+
+
+def _shard_check(preflight: Preflight) -> Check:
+    plan = preflight.plan
+    if plan is None:
+        return Check("shard plan", "info", "; ".join(preflight.notes) or "not checked")
+    if plan.parallel is None:
+        return Check("shard plan", "fail", plan.describe(), "pick another --parallel or host count")
+    if short := preflight.of_kind("memory"):
+        detail = plan.describe() + ": " + " ".join(p.text for p in short)
+        return Check("shard plan", "fail", detail, "free memory, add hosts, or quantize more")
+    return Check("shard plan", "ok", plan.describe())
+
+
+def _link_check(link: LinkFigures | None) -> Check:
+    if link is None:
+        return Check("link", "info", "not measured: the cluster cannot start (see above)")
+    if link.error is not None:
+        return Check("link", "warn", link.describe(), "check the hosts' network and firewall")
+    return Check("link", "ok", link.describe())

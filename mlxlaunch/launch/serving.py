@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from rich.console import Console
 
-from mlxlaunch.engine.config import EngineConfig, LogitsHook
+from mlxlaunch.engine.config import ClusterRole, EngineConfig, LogitsHook
 from mlxlaunch.engine.engine import Engine
 from mlxlaunch.engine.settings import DEFAULT_CACHE_DISK, cache_config, engine_tuning
 from mlxlaunch.launch.child import terminating_like_ctrl_c
@@ -111,6 +111,7 @@ def serving(
     logits_hook: LogitsHook | None = None,
     small_model: str | None = None,
     max_output_tokens: int | None = None,
+    cluster: ClusterRole | None = None,
 ) -> Iterator[Serving]:
     """Serve `model` for the duration of the block, then drain, stop and clean up.
 
@@ -127,6 +128,8 @@ def serving(
             or the demo's replies for `--model demo`.
         small_model: the id for Claude Code's background tier (None: the served model's).
         max_output_tokens: the output budget clients are told (None: from the window).
+        cluster: this process is rank 0 of a cluster (launch/cluster_rank.py); None: the
+            whole model in this process.
 
     Raises:
         ConfigError: a bad engine setting, or the port is taken.
@@ -137,7 +140,10 @@ def serving(
     if not engine_options.safeguards:  # --no-safeguards: the server says the check is off
         settings = dataclasses.replace(settings, safeguards=False)
     config = EngineConfig(
-        model=str(model.path), logits_hook=hook, **engine_options.config_arguments()
+        model=str(model.path),
+        logits_hook=hook,
+        cluster=cluster,
+        **engine_options.config_arguments(),
     )
     with terminating_like_ctrl_c(), contextlib.ExitStack() as stack:
         engine = Engine(config)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from mlxlaunch.cluster.hosts import Cluster
 from mlxlaunch.config import UserConfig, load_config
 from mlxlaunch.engine.config import LogitsHook
 from mlxlaunch.errors import ModelNotFound
@@ -28,7 +29,8 @@ from mlxlaunch.launch.agent_bin import find_agent
 from mlxlaunch.launch.agent_target import AgentSetup, AgentTarget, agent_environment, write_setup
 from mlxlaunch.launch.child import run_child
 from mlxlaunch.launch.claude_bin import claude_version, find_claude
-from mlxlaunch.launch.claude_env import claude_model_id
+from mlxlaunch.launch.claude_env import claude_model_id, client_settings
+from mlxlaunch.launch.cluster_serve import ClusterServed
 from mlxlaunch.launch.integrations import CLAUDE, Integration
 from mlxlaunch.launch.models import (
     ChosenModel,
@@ -38,6 +40,7 @@ from mlxlaunch.launch.models import (
 )
 from mlxlaunch.launch.server_log import logging_to, new_log_path, terminal_to_child
 from mlxlaunch.launch.serving import EngineOptions, Serving, serving
+from mlxlaunch.launch.state import ClientSettings
 from mlxlaunch.runstate import pid_alive
 from mlxlaunch.server.app import ServerSettings
 
@@ -56,6 +59,7 @@ class LaunchOptions:
     agent_args: Sequence[str] = ()
     extra_env: Mapping[str, str] = field(default_factory=dict)
     verbose: bool = False
+    cluster: Cluster | None = None  # serve from several machines (launch/cluster_serve.py)
 
 
 def launch_claude(
@@ -85,12 +89,13 @@ def launch_agent(
     environ: Mapping[str, str] | None = None,
     offer_pull: Callable[[], bool] | None = None,
     logits_hook: LogitsHook | None = None,
+    rank_command: tuple[str, ...] | None = None,
 ) -> int:
     """Run `agent` against a local model; returns the agent's exit code.
 
     `offer_pull` is asked when no model was named and none is downloaded; it returns True
     once it has pulled one. `logits_hook` scripts the model's output (tests; see
-    launch/serving.py).
+    launch/serving.py); `rank_command`, how a cluster's ranks start (tests script rank 0).
     """
     environ = dict(os.environ if environ is None else environ)
     binary = (
@@ -110,9 +115,13 @@ def launch_agent(
         auth_token=token,
         model_id=claude_model_id(chosen.served_id),  # what claude is told to send
     )
-    with (
-        logging_to(log_file),
-        serving(
+    max_output = options.max_output_tokens or _noise_cap(chosen)
+    if options.cluster is not None:
+        served_cm: contextlib.AbstractContextManager[Serving | ClusterServed] = _on_cluster(
+            chosen, options, options.cluster, settings, log_file, max_output, rank_command, console
+        )
+    else:
+        served_cm = serving(
             chosen,
             options.engine,
             settings,
@@ -123,9 +132,9 @@ def launch_agent(
             log_level="info",
             logits_hook=logits_hook,
             small_model=options.small_model,
-            max_output_tokens=options.max_output_tokens or _noise_cap(chosen),
-        ) as served,
-    ):
+            max_output_tokens=max_output,
+        )
+    with logging_to(log_file), served_cm as served:
         _announce(console, served, log_file, options, agent)
         # The settings the state file holds, so --print-env elsewhere says the same.
         target = AgentTarget(served.url, token, served.client, cwd=Path.cwd())
@@ -136,6 +145,68 @@ def launch_agent(
             argv = [str(binary), *setup.args, *options.agent_args]
             with terminal_to_child(log_file) as stdio:
                 return run_child(argv, env, stdio=stdio)
+
+
+def _on_cluster(
+    chosen: ChosenModel,
+    options: LaunchOptions,
+    cluster: Cluster,
+    settings: ServerSettings,
+    log_file: Path,
+    max_output: int | None,
+    rank_command: tuple[str, ...] | None,
+    console: Console,
+) -> contextlib.AbstractContextManager[ClusterServed]:
+    """The ranks of a `--hosts` launch, checked up front, their output in the server log."""
+    from mlxlaunch.launch.cluster_commands import checked_parallel, engine_fields
+    from mlxlaunch.launch.cluster_rank import RankSpec
+    from mlxlaunch.launch.cluster_serve import RANK_MODULE, cluster_serving
+
+    parallel = checked_parallel(cluster, chosen.name)
+    spec = RankSpec(
+        model=chosen.name,
+        parallel=parallel,
+        kind="launch",
+        engine=engine_fields(options.engine),
+        port=settings.port,
+        auth_token=settings.auth_token,
+        model_id=settings.model_id,
+        small_model=options.small_model,
+        max_output_tokens=max_output,
+        log_file=str(log_file),
+        supervisor_pid=os.getpid(),
+    )
+    log = log_file.open("a", encoding="utf-8")
+
+    def relay(line: str) -> None:
+        log.write(line + "\n")
+        log.flush()
+
+    def client_for(window: int) -> ClientSettings:
+        model_id = settings.model_id or chosen.served_id
+        return client_settings(
+            model_id, window, small_model_id=options.small_model, max_output=max_output
+        )
+
+    @contextlib.contextmanager
+    def lifetime() -> Iterator[ClusterServed]:
+        ranks = None
+        try:
+            with cluster_serving(
+                chosen, cluster, spec, relay, client_for, rank_command=rank_command or RANK_MODULE
+            ) as served:
+                ranks = served.ranks
+                yield served
+        finally:
+            log.close()
+            if ranks is not None and ranks.failure is not None:  # the agent saw errors: why
+                console.print(
+                    f"[bold red]mlx:[/] {ranks.failure}; every rank has stopped "
+                    f"(server log: {log_file})",
+                    highlight=False,
+                )
+
+    return lifetime()
 
 
 def launch_dirs(agent: Integration, home: Path | None = None) -> Path:
@@ -208,7 +279,7 @@ def _choose(
 
 def _announce(
     console: Console,
-    served: Serving,
+    served: Serving | ClusterServed,
     log_file: Path,
     options: LaunchOptions,
     agent: Integration = CLAUDE,
@@ -223,7 +294,14 @@ def _announce(
         console.print(
             f"[yellow]note:[/] {notice_for_test_model(served.model.name)}", highlight=False
         )
-    if not options.preload:
+    if isinstance(served, ClusterServed):
+        hosts = ", ".join(served.ranks.cluster.hosts)
+        console.print(
+            f"[dim]{served.ranks.cluster.size} ranks ({served.ranks.spec.parallel} parallel): "
+            f"{hosts}[/]",
+            highlight=False,
+        )
+    elif not options.preload:
         console.print("[dim]the model loads in the background while you type[/]")
     console.print(f"[dim]server log: {log_file}[/]", highlight=False)
     console.print("[dim]watch it live from another terminal: mlx dash[/]")

@@ -1,4 +1,9 @@
-"""The local model inventory: hub-cache repos (via `scan_cache_dir`) plus registered directories."""
+"""The local model inventory: hub-cache repos (via `scan_cache_dir`) plus registered directories.
+
+A directory that a shard pull filled (`mlx models pull --shard`, `--hosts`) holds only some
+pipeline ranks' weights: it is not complete (one process cannot serve it), but it is not broken
+either, and `shard` says which ranks it holds.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from mlxlaunch.store.catalog import alias_for_repo
 from mlxlaunch.store.facts import ModelFacts, read_facts
 from mlxlaunch.store.paths import hub_cache_dir
 from mlxlaunch.store.registry import last_used, local_models
+from mlxlaunch.store.shards import read_marker
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,7 @@ class LocalModel:
     facts: ModelFacts
     last_used: float | None
     revisions: tuple[str, ...] = ()
+    shard: str | None = None  # "1/2": only these pipeline ranks' files, all present
 
     def as_json(self) -> dict[str, Any]:
         """A JSON-ready dict for `--json` output."""
@@ -45,6 +52,7 @@ class LocalModel:
             "refs": list(self.refs),
             "size_on_disk": self.size_on_disk,
             "complete": self.complete,
+            "shard": self.shard,
             "model_type": f.model_type,
             "architecture_supported": f.architecture_supported,
             "quant_bits": f.quant_bits,
@@ -55,6 +63,22 @@ class LocalModel:
             "thinking": f.thinking,
             "last_used": self.last_used,
         }
+
+
+def _has_tokenizer(path: Path) -> bool:
+    tokenizers = ("tokenizer.json", "tokenizer.model", "vocab.json")
+    return any((path / n).is_file() for n in tokenizers) or any(path.glob("*.tiktoken"))
+
+
+def shard_held(path: Path) -> str | None:
+    """The ranks label ("1/2") of a shard pull's directory holding every file those ranks
+    load; None for a directory without a shard marker, or with files missing."""
+    marker = read_marker(path)
+    if marker is None or not (path / "config.json").is_file() or not _has_tokenizer(path):
+        return None
+    if not marker.weight_files or not all((path / f).is_file() for f in marker.weight_files):
+        return None
+    return marker.spec.label
 
 
 def snapshot_complete(path: Path) -> bool:
@@ -72,8 +96,11 @@ def snapshot_complete(path: Path) -> bool:
             return False
     elif not any(p.is_file() for p in path.glob("model*.safetensors")):
         return False
-    tokenizers = ("tokenizer.json", "tokenizer.model", "vocab.json")
-    return any((path / n).is_file() for n in tokenizers) or any(path.glob("*.tiktoken"))
+    return _has_tokenizer(path)
+
+
+def _shard_of(path: Path, complete: bool) -> str | None:
+    return None if complete else shard_held(path)
 
 
 def _main_revision(repo: CachedRepoInfo) -> CachedRevisionInfo:
@@ -97,6 +124,7 @@ def _hub_models(cache_dir: Path, used: dict[str, float]) -> list[LocalModel]:
         if facts.model_type is None and not facts.weight_files:
             continue  # not a model we could ever load (e.g. a lone tokenizer repo)
         alias = alias_for_repo(repo.repo_id)
+        complete = snapshot_complete(revision.snapshot_path)
         models.append(
             LocalModel(
                 name=alias or repo.repo_id,
@@ -107,10 +135,11 @@ def _hub_models(cache_dir: Path, used: dict[str, float]) -> list[LocalModel]:
                 revision=revision.commit_hash,
                 refs=tuple(sorted(revision.refs)),
                 size_on_disk=repo.size_on_disk,
-                complete=snapshot_complete(revision.snapshot_path),
+                complete=complete,
                 facts=facts,
                 last_used=used.get(repo.repo_id),
                 revisions=tuple(sorted(r.commit_hash for r in repo.revisions)),
+                shard=_shard_of(revision.snapshot_path, complete),
             )
         )
     return models
@@ -125,6 +154,7 @@ def _local_models(used: dict[str, float]) -> list[LocalModel]:
     for name, path in local_models().items():
         if not path.is_dir():
             continue  # registered, then moved or deleted: `mlx models rm NAME` forgets it
+        complete = snapshot_complete(path)
         models.append(
             LocalModel(
                 name=name,
@@ -135,9 +165,10 @@ def _local_models(used: dict[str, float]) -> list[LocalModel]:
                 revision=None,
                 refs=(),
                 size_on_disk=_dir_size(path),
-                complete=snapshot_complete(path),
+                complete=complete,
                 facts=read_facts(path),
                 last_used=used.get(name),
+                shard=_shard_of(path, complete),
             )
         )
     return models

@@ -7,6 +7,8 @@ longer offers them: a resume that survives the process (each file streams into
 request; the library deletes its partial files on failure), and
 registration last — snapshot links and the ref are written only once every file is present and
 checked, so an interrupted pull leaves nothing that `list` or `resolve_model` would offer.
+A pull of pipeline ranks (`shard=`) fetches only their files (store/shards.py) and leaves the
+shard marker that tells the inventory which files this directory is meant to hold.
 Every request carries the connect and read timeouts of `HubTimeouts` (store/hub_timeouts.py):
 a hub that stops answering is a `HubTimeout`, never a wait without end.
 """
@@ -50,6 +52,15 @@ from mlxlaunch.store.paths import hub_cache_dir, hub_endpoint
 from mlxlaunch.store.progress import PullProgress, SilentProgress
 from mlxlaunch.store.resolve import is_repo_id
 from mlxlaunch.store.selection import check_repo_files
+from mlxlaunch.store.shards import (
+    INDEX_FILE,
+    WEIGHT_SUFFIX,
+    ShardMarker,
+    ShardSpec,
+    files_for_ranks,
+    read_marker,
+    write_marker,
+)
 from mlxlaunch.store.verify import VerifyReport, verify_model_dir
 
 LIBRARY = "mlxlaunch"
@@ -84,6 +95,8 @@ class PullPlan:
     problems: tuple[str, ...]
     fit: MemoryFit
     config: dict[str, Any] = field(default_factory=dict)
+    shard: ShardSpec | None = None  # pipeline ranks this pull is for; None: the whole model
+    other_ranks: tuple[str, ...] = ()  # weight files only other ranks load (not fetched)
 
     @property
     def total_bytes(self) -> int:
@@ -176,16 +189,20 @@ def plan_pull(
     endpoint: str | None = None,
     total_memory: int | None = None,
     timeouts: HubTimeouts | None = None,
+    shard: ShardSpec | None = None,
 ) -> PullPlan:
     """Ask the hub about `name` and decide what to fetch; downloads nothing.
 
     Args:
         timeouts: per-request bounds (default: `HubTimeouts.from_env()`).
+        shard: pipeline ranks to fetch the files of (their layers' weight files per
+            model.safetensors.index.json, the non-layer weights, every non-weight file).
 
     Raises:
         ModelNotFound: no such repo or revision on the hub.
         HubTimeout: the hub did not answer in time.
         NetworkError: the hub cannot be reached.
+        ConfigError: `shard` does not fit the model (more ranks than layers, layers missing).
     """
     repo_id, alias = to_repo_id(name)
     base = endpoint or hub_endpoint()
@@ -208,12 +225,29 @@ def plan_pull(
             if "config.json" in check.files
             else {}
         )
+        if shard is not None and shard.whole:
+            shard = None
+        index = (
+            _fetch_json(repo_id, INDEX_FILE, info.sha, base, timeouts)
+            if shard is not None and INDEX_FILE in check.files
+            else {}
+        )
     problems = list(check.problems)
     if config and mlx_lm_model_module(config) is None:
         problems.append(f"unsupported architecture '{config.get('model_type')}' (not in mlx-lm)")
     by_name = {s.rfilename: s for s in siblings}
+    wanted = list(check.files)
+    other_ranks: list[str] = []
+    if shard is not None:
+        weight_map = index.get("weight_map")
+        weight_map = weight_map if isinstance(weight_map, dict) else {}
+        keep = files_for_ranks(config, weight_map, wanted, shard)
+        other_ranks = [f for f in wanted if f not in keep]
+        wanted = [f for f in wanted if f in keep]
+        if not other_ranks:
+            shard = None  # these ranks need every file: a whole model
     files = []
-    for fname in check.files:
+    for fname in wanted:
         s = by_name[fname]
         sha256 = s.lfs.sha256 if s.lfs is not None else None
         etag = sha256 or s.blob_id
@@ -231,6 +265,8 @@ def plan_pull(
         problems=tuple(problems),
         fit=memory_fit(weights, total_memory),
         config=config,
+        shard=shard,
+        other_ranks=tuple(other_ranks),
     )
 
 
@@ -414,7 +450,7 @@ def _register(plan: PullPlan, storage: Path) -> Path:
     """
     snapshot = storage / "snapshots" / plan.commit
     # Weights last: a snapshot is only "complete" (see inventory) once they are linked.
-    for f in sorted(plan.files, key=lambda f: f.name.endswith(".safetensors")):
+    for f in sorted(plan.files, key=lambda f: f.name.endswith(WEIGHT_SUFFIX)):
         link = snapshot / f.name
         link.parent.mkdir(parents=True, exist_ok=True)
         target = os.path.relpath(storage / "blobs" / f.etag, link.parent)
@@ -422,6 +458,7 @@ def _register(plan: PullPlan, storage: Path) -> Path:
         tmp.unlink(missing_ok=True)
         os.symlink(target, tmp)
         os.replace(tmp, link)  # atomic: a reader sees the old link or the new one
+    write_marker(snapshot, _marker_after(plan, snapshot))
     if plan.revision != plan.commit:
         ref = storage / "refs" / plan.revision
         ref.parent.mkdir(parents=True, exist_ok=True)
@@ -429,3 +466,17 @@ def _register(plan: PullPlan, storage: Path) -> Path:
         tmp.write_text(plan.commit, encoding="utf-8")
         os.replace(tmp, ref)
     return snapshot
+
+
+def _marker_after(plan: PullPlan, snapshot: Path) -> ShardMarker | None:
+    """The shard marker once `plan` is in `snapshot`: None when the directory now holds the
+    whole model (a full pull, or shard pulls that together fetched every file)."""
+    if plan.shard is None:
+        return None
+    mine = tuple(sorted(f.name for f in plan.files if f.name.endswith(WEIGHT_SUFFIX)))
+    marker = ShardMarker(plan.shard, mine)
+    if (before := read_marker(snapshot)) is not None:
+        marker = before.merged(marker)
+    if all((snapshot / name).is_file() for name in plan.other_ranks):
+        return None
+    return marker

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from mlxlaunch.errors import ModelNotFound
 from mlxlaunch.store.catalog import alias_for_repo, catalog_entry
-from mlxlaunch.store.inventory import snapshot_complete
+from mlxlaunch.store.inventory import shard_held, snapshot_complete
 from mlxlaunch.store.paths import hub_cache_dir
 from mlxlaunch.store.registry import local_models, mark_used
 
@@ -77,11 +77,15 @@ def _pull_hint(name: str) -> str:
     return f"download it first: mlx models pull {name}"
 
 
-def _from_hub(repo_id: str, alias: str | None, asked: str, cache_dir: Path) -> ResolvedModel:
+def _from_hub(
+    repo_id: str, alias: str | None, asked: str, cache_dir: Path, shard_ok: bool = False
+) -> ResolvedModel:
     snapshot = cached_snapshot(repo_id, cache_dir)
     if snapshot is None:
         raise ModelNotFound(f"model '{asked}' is not downloaded", hint=_pull_hint(asked))
-    if not snapshot_complete(snapshot):
+    # A shard pull (`mlx models pull --shard`) holds what this host's ranks load: enough for
+    # a cluster's rank, never for serving alone.
+    if not snapshot_complete(snapshot) and not (shard_ok and shard_held(snapshot)):
         raise ModelNotFound(
             f"model '{asked}' is only partly downloaded",
             hint=f"finish the download: mlx models pull {asked}",
@@ -90,7 +94,7 @@ def _from_hub(repo_id: str, alias: str | None, asked: str, cache_dir: Path) -> R
 
 
 def resolve_model(
-    name: str, *, cache_dir: Path | None = None, record_use: bool = False
+    name: str, *, cache_dir: Path | None = None, record_use: bool = False, shard_ok: bool = False
 ) -> ResolvedModel:
     """Find the local directory for `name`: a path, registered name, alias or cached repo id.
 
@@ -98,18 +102,19 @@ def resolve_model(
         name: what the user typed for `--model`.
         cache_dir: the hub cache (default: HF_HUB_CACHE / HF_HOME rules).
         record_use: record "last used" for `mlx models list`.
+        shard_ok: a shard-only pull will do (a cluster's rank loads only its shard).
 
     Raises:
         ModelNotFound: nothing local matches; the hint names the `mlx models pull` command.
     """
     cache = cache_dir or hub_cache_dir()
-    resolved = _resolve(name.strip(), cache)
+    resolved = _resolve(name.strip(), cache, shard_ok)
     if record_use:
         mark_used(resolved.key)
     return resolved
 
 
-def _resolve(name: str, cache: Path) -> ResolvedModel:
+def _resolve(name: str, cache: Path, shard_ok: bool = False) -> ResolvedModel:
     path = Path(name).expanduser()
     looks_like_path = name.startswith((".", "/", "~")) or (path.is_dir() and not is_repo_id(name))
     if looks_like_path:
@@ -123,9 +128,9 @@ def _resolve(name: str, cache: Path) -> ResolvedModel:
     if name in registered:
         return ResolvedModel(registered[name], None, None, "local")
     if (entry := catalog_entry(name)) is not None:
-        return _from_hub(entry.repo_id, entry.alias, name, cache)
+        return _from_hub(entry.repo_id, entry.alias, name, cache, shard_ok)
     if is_repo_id(name):
-        return _from_hub(name, alias_for_repo(name), name, cache)
+        return _from_hub(name, alias_for_repo(name), name, cache, shard_ok)
     raise ModelNotFound(
         f"unknown model '{name}'",
         hint="see `mlx models list` (local) and `mlx models catalog` (aliases), "

@@ -1,5 +1,8 @@
 """Check that a model directory will load — config, tokenizer, chat template, weight shapes —
 without loading weights or running anything (the store never touches MLX).
+
+A shard pull's directory (store/shards.py's marker) is checked for the files of its pipeline
+ranks only: the other ranks' weights are meant to be absent.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from mlxlaunch.store.facts import (
     read_safetensors_header,
     weight_files,
 )
+from mlxlaunch.store.shards import read_marker
 
 LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 SAMPLE_TOOL = {
@@ -78,13 +82,17 @@ def check_weights(path: Path, config: dict[str, Any]) -> tuple[list[str], list[T
             weight_map: dict[str, str] = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
         except (OSError, ValueError, KeyError) as e:
             return [*problems, f"model.safetensors.index.json is unreadable ({e})"], tensors
-        missing_files = sorted({v for v in weight_map.values() if not (path / v).is_file()})
+        marker = read_marker(path)
+        expected = set(marker.weight_files) if marker else set(weight_map.values())
+        missing_files = sorted(f for f in expected if not (path / f).is_file())
         if missing_files:
             problems.append(f"missing weight shards: {', '.join(missing_files)}")
         declared = {t.name for t in tensors}
-        absent = [k for k in weight_map if k not in declared]
+        absent = [k for k, f in weight_map.items() if f in expected and k not in declared]
         if absent and not missing_files:
             problems.append(f"{len(absent)} tensors in the index are in no file (e.g. {absent[0]})")
+        if marker is not None:  # a pipeline shard holds some layers by design
+            return problems, tensors
     problems += _check_shapes(config, tensors)
     return problems, tensors
 
@@ -183,4 +191,9 @@ def verify_model_dir(path: Path) -> VerifyReport:
     problems += weight_problems
     problems += check_tokenizer(path)
     template_problems, template_notes = check_template(path)
+    if (marker := read_marker(path)) is not None:
+        notes.append(
+            f"shard {marker.spec.label}: only the weights of pipeline rank(s) "
+            f"{marker.spec.label.split('/')[0]} of {marker.spec.size} (serve it with --hosts)"
+        )
     return VerifyReport(tuple(problems + template_problems), tuple(notes + template_notes))

@@ -350,9 +350,12 @@ def room_for(new_tokens: int) -> int:
 def cache_settings(config: EngineConfig) -> CacheSettings:
     """The prefix cache's settings from the engine's configuration."""
     memory = config.cache_memory_bytes
+    disk_dir = config.cache_dir
+    if disk_dir is not None and config.cluster is not None:  # a rank's entries are its own
+        disk_dir = disk_dir / "cluster" / config.cluster.shard_name
     return CacheSettings(
         memory_bytes=default_cache_memory() if memory is None else memory,
-        disk_dir=config.cache_dir,
+        disk_dir=disk_dir,
         disk_bytes=config.cache_disk_bytes,
         block_tokens=config.cache_block_tokens,
         restore=config.cache_restore,

@@ -135,6 +135,24 @@ def _eos_ids(tokenizer: TokenizerWrapper) -> tuple[int, ...]:
     return tuple(sorted(int(i) for i in tokenizer.eos_token_ids))
 
 
+def _sharded(config: EngineConfig, path: Path) -> tuple[Any, Any, Any]:
+    """This rank's shard of the model, through mlx-lm's `sharded_load` (a collective: every
+    rank loads at the same time, and it returns once all have)."""
+    from mlx_lm.utils import sharded_load
+
+    cluster = config.cluster
+    assert cluster is not None
+    group = cluster.group.group
+    model, tokenizer, model_config = sharded_load(
+        str(path) if path.exists() else config.model,
+        pipeline_group=group if cluster.parallel == "pipeline" else None,
+        tensor_group=group if cluster.parallel == "tensor" else None,
+        return_config=True,
+        trust_remote_code=False,
+    )
+    return model, tokenizer, model_config
+
+
 def load_model(config: EngineConfig) -> LoadedModel:
     """Load `config.model` with mlx-lm (never running code shipped with the model)."""
     path = Path(config.model).expanduser()
@@ -142,12 +160,15 @@ def load_model(config: EngineConfig) -> LoadedModel:
     if looks_local and not path.exists():
         raise ModelNotFound(f"model directory not found: {config.model}")
     try:
-        loaded = mlx_lm_load(
-            str(path) if path.exists() else config.model,
-            return_config=True,
-            trust_remote_code=False,
-        )
-        model, tokenizer, model_config = loaded[0], loaded[1], loaded[2]  # type: ignore[misc]
+        if config.cluster is not None:
+            model, tokenizer, model_config = _sharded(config, path)
+        else:
+            loaded = mlx_lm_load(
+                str(path) if path.exists() else config.model,
+                return_config=True,
+                trust_remote_code=False,
+            )
+            model, tokenizer, model_config = loaded[0], loaded[1], loaded[2]  # type: ignore[misc]
     except Exception as exc:  # mlx-lm raises many kinds; all mean "cannot load"
         raise ModelLoadError(f"cannot load model {config.model}: {exc}") from exc
     base_model = model

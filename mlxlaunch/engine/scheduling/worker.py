@@ -20,10 +20,7 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
-from mlx_lm.models.cache import make_prompt_cache
 
-from mlxlaunch.engine.cache.misses import CacheReuse
-from mlxlaunch.engine.cache.prefix import PrefixCache, cache_settings
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.decoding.grammar import forget_tokenizer
 from mlxlaunch.engine.decoding.sampling import penalty_processors, resolve_sampling, sampler_for
@@ -38,12 +35,15 @@ from mlxlaunch.engine.runtime.warmup import RESTORED_WARMUP_TOKENS, warm_up_load
 from mlxlaunch.engine.scheduling.first_token import sampled_first_tokens
 from mlxlaunch.engine.scheduling.generator_step import step as generator_step
 from mlxlaunch.engine.scheduling.job import Job, OutputStream
+from mlxlaunch.engine.scheduling.lockstep import Lockstep, cluster_insert, greedy
 from mlxlaunch.engine.scheduling.prefill_pacing import PrefillPacer
-from mlxlaunch.engine.scheduling.retention import adopt_reply, retain_job
+from mlxlaunch.engine.scheduling.prompt_caches import PromptCaches
+from mlxlaunch.engine.scheduling.retention import adopt_reply
 from mlxlaunch.engine.scheduling.sweeper import IdleSweeper
 from mlxlaunch.engine.stats import StatsBook
 from mlxlaunch.engine.types import (
     Admitted,
+    ClusterLost,
     Done,
     EngineUnavailable,
     GenerationFailed,
@@ -93,8 +93,10 @@ class Worker:
         self._waiting: deque[Job] = deque()
         self._running: dict[int, Job] = {}  # BatchGenerator uid -> job
         self._by_request_id: dict[str, Job] = {}
-        self._prefix: PrefixCache | None = None  # set at load
-        self._planned: dict[Job, list[Any]] = {}  # caches planned at admission, until insert
+        self._caches = PromptCaches(config, stats, self.tokenizer_lock)  # set up at load
+        # On a cluster: rank 0's channel to the other ranks (engine/cluster/), else None.
+        self._lockstep = Lockstep(config.cluster.group) if config.cluster is not None else None
+        self.cluster_lost: ClusterLost | None = None  # why a cluster's serve must end
         self._pacer = PrefillPacer(config.prefill_chunk)
         self._memory_polled_at = float("-inf")
         self._idle_since: float | None = None  # when the batch and queue last became empty
@@ -145,15 +147,16 @@ class Worker:
         if not done.set_running_or_notify_cancel():
             return
         self._abandon_all(EngineUnavailable("the model was unloaded"))
-        self._save_prefixes(one_step=False)  # the prefixes queued for disk, while they exist
+        if self._lockstep is not None and self.loaded is not None:
+            self._lockstep.unload()
+        self._caches.save(one_step=False)  # the prefixes queued for disk, while they exist
         self._close_generator()
         if self.loaded is not None:  # the grammar cache would keep the tokenizer alive
             forget_tokenizer(self.loaded.tokenizer)
         self.loaded = None
         self.renderer = None
         self._memory = None
-        self._prefix = None
-        self._planned.clear()
+        self._caches.close()
         self.stats.state = "unloaded"
         gc.collect()
         mx.clear_cache()
@@ -175,7 +178,7 @@ class Worker:
                 job, EngineUnavailable("the model could not be loaded (the server log says why)")
             )
             return
-        job.cached_tokens, reuse = self._cached_prefix(job)
+        job.cached_tokens, reuse = self._caches.plan(job)
         self._by_request_id[job.request_id] = job
         self.stats.count(requests_admitted=1)
         self._waiting.append(job)
@@ -223,11 +226,15 @@ class Worker:
             elif self._idle_since is None:
                 self._idle_since = self.config.clock()
                 self._end_measure()  # count the last window before waiting for work
-            if idle and self._idle_for() >= SAVE_AFTER_IDLE_S:
-                self._save_prefixes(one_step=True)
+            if idle and self._idle_for() >= SAVE_AFTER_IDLE_S and self._caches.saves_pending:
+                if self._lockstep is not None:  # each rank writes its own shard's entries
+                    self._cluster_call(lambda: self._lockstep.save(True))  # type: ignore[union-attr]
+                self._caches.save(one_step=True)
             self._drain(block=idle)
             if self._stopping:
                 break
+            if idle and self._lockstep is not None and not self._lockstep.beat_due():
+                self._cluster_call(self._lockstep.beat)
             if idle and not self._running and not self._waiting:
                 self._sweep()
             self._start_waiting()
@@ -238,8 +245,10 @@ class Worker:
             self._poll_memory()
         self._drain(block=False)  # commands posted before stop(): they see `_stopping`
         self._abandon_all(EngineUnavailable("the engine is shutting down"))
-        self._save_prefixes(one_step=False)
+        self._caches.save(one_step=False)
         self._close_generator()
+        if self._lockstep is not None:
+            self._lockstep.stop()
         self.loaded = None
 
     def _idle_for(self) -> float:
@@ -250,10 +259,13 @@ class Worker:
         # An idle worker wakes now and then so the sweeper can act on time, and when its
         # pending prefix saves fall due.
         timeout = self.config.sweep_poll_s if self._sweeper is not None else None
-        if block and self._prefix is not None and self._prefix.saves_pending:
+        if block and self._caches.saves_pending:
             wait = SAVE_AFTER_IDLE_S - self._idle_for()
             due = wait + 0.01 if wait > 0 else 0.0  # under way: only look for commands
             timeout = due if timeout is None else min(timeout, due)
+        if block and self._lockstep is not None:  # the idle beat (engine/cluster/leader.py)
+            beat = self._lockstep.beat_due() + 0.01
+            timeout = beat if timeout is None else min(timeout, beat)
         try:
             command = self._commands.get(timeout=timeout) if block else self._commands.get_nowait()
             while True:
@@ -297,7 +309,13 @@ class Worker:
         sampling = resolve_sampling(request.sampling, loaded.info.sampling_defaults)
         sampler: Any = sampler_for(sampling)  # None: the generator's shared greedy sampler
         processors = penalty_processors(sampling) + self._logits_processors(job)
-        cache = self._prompt_cache_for(job)
+        lockstep = self._lockstep
+        if lockstep is not None:  # the other ranks take the job too, and rank 0's tokens
+            lockstep.insert(cluster_insert(job, own_sampler=sampler is not None))
+            sampler = lockstep.sampler(sampler) if sampler is not None else None
+            processors = [lockstep.watch_logits, *processors] if processors else []
+        agree = lockstep.agree if lockstep is not None else None
+        cache = self._caches.cache_for(job, loaded.base_model, agree)
         (uid,) = generator.insert(
             [job.prompt[job.cached_tokens :]],
             max_tokens=[job.max_tokens],
@@ -317,6 +335,8 @@ class Worker:
         prefilling = [job.last_progress < job.prompt_tokens for job in self._running.values()]
         slice_tokens = self._pacer.plan(decoding=not all(prefilling), prefilling=any(prefilling))
         try:  # the step's forward pass included (generator_step.py)
+            if self._lockstep is not None:
+                self._lockstep.step(slice_tokens)
             prompt_responses, generation_responses = generator_step(generator, slice_tokens)
         except Exception as exc:
             self._fail_batch(exc)
@@ -335,7 +355,7 @@ class Worker:
                 job.pending.append(Progress(done_tokens=done, total_tokens=job.prompt_tokens))
                 touched.append(job)
             if progress.end_of_segment and done == job.prompt_tokens - 1:
-                self._snapshot_prompt(job)
+                self._caches.snapshot(job, generator)
             if progress.end_of_prompt:
                 prompts_ended.append(progress.uid)
         for uid, token in sampled_first_tokens(generator, prompts_ended).items():
@@ -363,7 +383,7 @@ class Worker:
             if response.finish_reason is not None and response.prompt_cache is not None:
                 # The generator hands back a finished sequence's cache: prompt and output.
                 caches = {response.uid: (response.prompt_cache, response.all_tokens)}
-                self._retain_prompt_cache(job, caches)
+                self._caches.retain(job, caches)
         for job in touched:
             job.flush()
 
@@ -460,13 +480,33 @@ class Worker:
         job.sink.send(error)
 
     def _fail_batch(self, exc: Exception) -> None:
-        """A step failed: every job in the batch fails, the generator starts afresh."""
+        """A step failed: every job in the batch fails, the generator starts afresh (on a
+        cluster the ranks may be mid-step apart: the cluster is lost)."""
+        if self._lockstep is not None:
+            self._lose_cluster(exc)
+            return
         for job in list(self._running.values()):
             self._end_with_error(job, GenerationFailed(f"generation failed: {exc}"))
         self._running.clear()
         self.stats.running = 0
         self._close_generator()
         mx.clear_cache()
+
+    def _cluster_call(self, call: Callable[[], None]) -> None:
+        try:
+            call()
+        except Exception as exc:
+            self._lose_cluster(exc)
+
+    def _lose_cluster(self, exc: Exception) -> None:
+        """A rank is gone (or the ranks fell apart): fail everything, end the loop."""
+        lost = exc if isinstance(exc, ClusterLost) else ClusterLost(f"the cluster failed: {exc}")
+        logging.getLogger(__name__).error("cluster: %s; serving ends", lost)
+        self.cluster_lost = lost
+        if self._lockstep is not None:
+            self._lockstep.broken = lost
+        self._abandon_all(lost)
+        self._stopping = True
 
     def _abandon_all(self, error: Exception) -> None:
         for job in list(self._running.values()) + list(self._waiting):
@@ -482,7 +522,7 @@ class Worker:
             self.stats.running = len(self._running)
         if self._by_request_id.get(job.request_id) is job:
             del self._by_request_id[job.request_id]
-        self._planned.pop(job, None)
+        self._caches.forget(job)
 
     def _remove_from_batch(self, job: Job) -> None:
         if job.uid is None or self._generator is None:
@@ -490,7 +530,9 @@ class Worker:
         self._running.pop(job.uid, None)
         self.stats.running = len(self._running)
         try:
-            self._retain_prompt_cache(job, self._generator.remove([job.uid], True))
+            if self._lockstep is not None:
+                self._lockstep.remove([job.uid])
+            self._caches.retain(job, self._generator.remove([job.uid], True))
         except Exception as exc:
             self._fail_batch(exc)
 
@@ -510,6 +552,8 @@ class Worker:
             return
         self.stats.state = "loading"
         try:
+            if self._lockstep is not None:
+                self._lockstep.load()
             loaded = load_model(self.config)
         except BaseException:
             self.stats.state = "unloaded"
@@ -517,8 +561,8 @@ class Worker:
         self.loaded = loaded
         cpu_attention.install(loaded.base_model)  # the CPU backend's, before the model runs
         self._memory = self._memory_budget(loaded)
-        self._prefix = self._make_prefix_cache(loaded)
-        disk = self._prefix.disk if self._prefix is not None else None
+        prefix = self._caches.open(loaded)
+        disk = prefix.disk if prefix is not None else None
         self.renderer = PromptRenderer(
             loaded.tokenizer,
             self.tokenizer_lock,
@@ -527,7 +571,7 @@ class Worker:
             # The date a template prints lives as long as the saved prefixes that hold it.
             pinned_date=pinned_render_date(disk.dir if disk is not None else None),
         )
-        restored = self._prefix.restored_prompts() if self._prefix is not None else []
+        restored = prefix.restored_prompts() if prefix is not None else []
         self.renderer.warm(restored)  # the first prompt that continues one: incremental
         warm_up_loaded(  # MLX's first-pass set-up now, not in the first request's TTFT
             loaded.base_model,
@@ -535,9 +579,9 @@ class Worker:
             prefill_chunk=self.config.prefill_chunk,
             # What a request that sets nothing samples with, compiled now.
             sampler=sampler_for(resolve_sampling(Sampling(), loaded.info.sampling_defaults)),
-            restored=(
-                self._prefix.warm_start_cache(RESTORED_WARMUP_TOKENS)
-                if self._prefix is not None
+            restored=(  # not on a cluster: each rank restored its own prefixes
+                prefix.warm_start_cache(RESTORED_WARMUP_TOKENS)
+                if prefix is not None and self._lockstep is None
                 else None
             ),
         )
@@ -555,6 +599,7 @@ class Worker:
             width = self.config.max_concurrency
             self._generator = BatchGenerator(
                 loaded.model,
+                sampler=self._lockstep.sampler(greedy) if self._lockstep is not None else None,
                 stop_tokens=[[eos] for eos in loaded.info.eos_token_ids],
                 completion_batch_size=width,
                 prefill_batch_size=width,
@@ -603,66 +648,6 @@ class Worker:
         if hook is not None:
             processors += list(hook(job.request, self._require_loaded().tokenizer) or [])
         return processors
-
-    def _cached_prefix(self, job: Job) -> tuple[int, CacheReuse]:
-        """Prompt tokens already held in a reusable KV cache, and how that compares with what
-        the cache held of the prompt; the cache is set aside for the job now, so what Admitted
-        reports is exactly what its prefill starts from."""
-        prefix = self._prefix
-        if prefix is None:
-            return 0, "fresh"
-        plan = prefix.plan(job.prompt, request_id=job.request_id, kind=job.request.kind)
-        if plan.caches is not None:
-            self._planned[job] = plan.caches
-        self._publish_cache_figures()
-        return plan.cached_tokens, prefix.misses.reuse_of(job.request_id, plan.cached_tokens)
-
-    def _prompt_cache_for(self, job: Job) -> list[Any]:
-        """The KV cache the job's prefill continues from (a private copy: the batch may
-        write into it)."""
-        planned = self._planned.pop(job, None)
-        if planned is not None:
-            return planned
-        return list(make_prompt_cache(self._require_loaded().base_model))
-
-    def _retain_prompt_cache(self, job: Job, caches: dict[int, Any]) -> None:
-        """Keep a finished or removed job's KV: `{uid: (caches, tokens they hold)}`."""
-        retain_job(job, caches, self._prefix)
-        if self._prefix is not None:
-            self._publish_cache_figures()
-
-    def _snapshot_prompt(self, job: Job) -> None:
-        """A model whose cache cannot be trimmed is reusable only where a snapshot was taken;
-        the end of a prompt (all but its last token) is where the next turn continues."""
-        prefix, generator = self._prefix, self._generator
-        if prefix is None or not prefix.exact or generator is None or job.uid is None:
-            return
-        self._retain_prompt_cache(job, generator.extract_cache([job.uid]))
-
-    def _make_prefix_cache(self, loaded: LoadedModel) -> PrefixCache | None:
-        settings = cache_settings(self.config)
-        if settings.memory_bytes <= 0:
-            return None
-        tokenizer = loaded.tokenizer
-
-        def decode(tokens: list[int]) -> str:
-            with self.tokenizer_lock:
-                return str(tokenizer.decode(tokens))
-
-        prefix = PrefixCache(loaded.base_model, loaded.info.path, settings, decode)
-        prefix.restore()  # warm start: this model's recent prefixes from disk, before requests
-        self._publish_cache_figures(prefix)
-        return prefix
-
-    def _save_prefixes(self, *, one_step: bool) -> None:
-        prefix = self._prefix
-        if prefix is not None and (prefix.save_step() if one_step else prefix.save_pending()):
-            self._publish_cache_figures()
-
-    def _publish_cache_figures(self, prefix: PrefixCache | None = None) -> None:
-        prefix = prefix or self._prefix
-        if prefix is not None:
-            self.stats.cache = prefix.figures()
 
     def _memory_budget(self, loaded: LoadedModel) -> MemoryBudget | None:
         fraction = self.config.memory_fraction
