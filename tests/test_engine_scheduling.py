@@ -295,17 +295,17 @@ async def test_requests_racing_the_first_load_all_succeed(
     make_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Requests that arrive while the model loads wait for it, renderer and caches included."""
-    from mlxlaunch.engine.scheduling.worker import Worker
+    from mlxlaunch.engine.scheduling.prompt_caches import PromptCaches
 
-    restore = Worker._make_prefix_cache
+    restore = PromptCaches.open
     restoring = threading.Event()
 
-    def slow_restore(self: Worker, loaded: Any) -> Any:
+    def slow_restore(self: PromptCaches, loaded: Any) -> Any:
         restoring.set()
         time.sleep(0.5)  # a disk restore of big prefixes: the rest of the load waits on it
         return restore(self, loaded)
 
-    monkeypatch.setattr(Worker, "_make_prefix_cache", slow_restore)
+    monkeypatch.setattr(PromptCaches, "open", slow_restore)
     engine = make_engine()
     first = asyncio.ensure_future(collect(engine.submit(request("first", max_tokens=4))))
     await asyncio.to_thread(restoring.wait, 10)  # the weights are in; the load is not done

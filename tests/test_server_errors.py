@@ -22,6 +22,7 @@ from mlxlaunch.engine.decoding.grammar import ConstraintBroken
 from mlxlaunch.engine.engine import Engine
 from mlxlaunch.engine.types import (
     Admitted,
+    ClusterLost,
     EngineError,
     EngineEvent,
     EngineUnavailable,
@@ -145,7 +146,8 @@ def _call(client: anthropic.Anthropic, route: str) -> None:
 # Engine errors answered by their base class's row, on purpose.
 # PromptTooLong: an InvalidRequest with a wording of its own; ConstraintBroken: a generation
 # that left its grammar mid-way fails as any other generation does (the grammar was valid).
-SHARE_THEIR_BASE_ROW = {PromptTooLong, ConstraintBroken}
+# A lost rank is the engine being unavailable (503), said in its own words.
+SHARE_THEIR_BASE_ROW = {PromptTooLong, ConstraintBroken, ClusterLost}
 
 
 def test_every_engine_error_type_has_a_row() -> None:

@@ -19,8 +19,9 @@ from mlx_lm.models.pipeline import PipelineMixin
 
 from mlxlaunch.cli.main import main
 from mlxlaunch.cluster.architecture import Support, parallel_mode
-from mlxlaunch.errors import ConfigError
+from mlxlaunch.errors import ConfigError, ModelNotFound
 from mlxlaunch.store import list_models, plan_pull, pull, snapshot_complete, verify_model_dir
+from mlxlaunch.store.resolve import resolve_model
 from mlxlaunch.store.shards import (
     MARKER_FILE,
     ShardMarker,
@@ -325,6 +326,10 @@ def test_shard_pull_fetches_only_its_ranks_files(split_hub: FakeHub, hub_cache: 
     [model] = list_models()
     assert model.shard == "1/2" and not model.complete and model.as_json()["shard"] == "1/2"
     assert not snapshot_complete(result.path)
+    # Serving alone it is incomplete; a cluster's rank 1 loads exactly these files.
+    with pytest.raises(ModelNotFound, match="partly"):
+        resolve_model(SPLIT_REPO)
+    assert resolve_model(SPLIT_REPO, shard_ok=True).path == result.path
 
     # The other rank's pull completes the model: the marker goes, the model is whole.
     pull(plan_pull(SPLIT_REPO, shard=parse_shard("0/2")))

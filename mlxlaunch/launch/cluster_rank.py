@@ -149,6 +149,7 @@ def _serve(spec: RankSpec, model: Any, options: Any, role: Any, logits_hook: Any
     """Rank 0: serve until told to stop (SIGTERM, SIGINT) or until a rank is lost."""
     from rich.console import Console
 
+    from mlxlaunch.engine.types import ClusterLost
     from mlxlaunch.launch.serving import serving
     from mlxlaunch.server.app import ServerSettings
 
@@ -161,7 +162,16 @@ def _serve(spec: RankSpec, model: Any, options: Any, role: Any, logits_hook: Any
         model_id=spec.model_id,
     )
     console = Console(stderr=True)
-    lost = None
+    ended_under_us = False
+
+    def another_rank_ended(_signum: int, _frame: object) -> None:
+        # The supervisor stops rank 0 with SIGINT (and `mlx stop` signals the supervisor):
+        # SIGTERM here is mlx.launch ending the cluster because another rank ended.
+        nonlocal ended_under_us
+        ended_under_us = True
+        raise KeyboardInterrupt
+
+    lost: BaseException | None = None
     try:
         with serving(
             model,
@@ -176,8 +186,14 @@ def _serve(spec: RankSpec, model: Any, options: Any, role: Any, logits_hook: Any
             small_model=spec.small_model,
             max_output_tokens=spec.max_output_tokens,
             cluster=role,
+            state_pid=spec.supervisor_pid,
         ) as served:
-            ready = {"url": served.url, "context_window": served.context_window, "pid": os.getpid()}
+            signal.signal(signal.SIGTERM, another_rank_ended)  # serving() restores its own
+            ready = {
+                "url": served.url,
+                "context_window": served.context_window,
+                "pid": os.getpid(),
+            }
             print(READY_MARK + json.dumps(ready), flush=True)
             try:
                 while served.server.running and served.engine.lost is None:
@@ -189,13 +205,30 @@ def _serve(spec: RankSpec, model: Any, options: Any, role: Any, logits_hook: Any
                     time.sleep(0.2)
             except KeyboardInterrupt:
                 pass
-            lost = served.engine.lost
+            lost = served.engine.lost or (
+                ClusterLost("another rank of the cluster ended") if ended_under_us else None
+            )
+            if lost is not None:
+                _end_lost(served, lost, spec.supervisor_pid)
     except KeyboardInterrupt:
         pass
-    if lost is not None:
-        print(f"mlx: {lost}", file=sys.stderr, flush=True)
-        return LOST_EXIT
     return 0
+
+
+def _end_lost(served: Any, lost: BaseException, state_pid: int | None) -> None:
+    """A rank is gone: answer every request in flight now, and exit at once.
+
+    MLX does not return from a collective whose peer died mid-step (the ring backend fails
+    its sends but the evaluation waits on), so the worker thread cannot be joined, nor the
+    engine closed: the process ends here."""
+    from mlxlaunch.launch.state import remove_state
+
+    message = f"{lost}; the cluster has stopped"
+    served.server.cut_off(message)
+    time.sleep(0.5)  # the answers go out on the server's own thread
+    remove_state(state_pid or os.getpid())
+    print(f"mlx: {message}", file=sys.stderr, flush=True)
+    os._exit(LOST_EXIT)
 
 
 def _alive(pid: int | None) -> bool:

@@ -186,8 +186,8 @@ class RankProcesses:
         self.stopping = True
         pid = self.ready.get("pid") if self.ready else None
         if process.poll() is None and isinstance(pid, int) and is_local(self.cluster.hosts[0]):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):  # SIGINT: a stop, not a lost rank
+                os.kill(pid, signal.SIGINT)
             _wait(process, STOP_GRACE_S)
         for sig, grace in ((signal.SIGTERM, TERMINATE_GRACE_S), (signal.SIGKILL, 2.0)):
             if process.poll() is not None:

@@ -112,6 +112,7 @@ def serving(
     small_model: str | None = None,
     max_output_tokens: int | None = None,
     cluster: ClusterRole | None = None,
+    state_pid: int | None = None,
 ) -> Iterator[Serving]:
     """Serve `model` for the duration of the block, then drain, stop and clean up.
 
@@ -130,6 +131,8 @@ def serving(
         max_output_tokens: the output budget clients are told (None: from the window).
         cluster: this process is rank 0 of a cluster (launch/cluster_rank.py); None: the
             whole model in this process.
+        state_pid: the process the state file names (default: this one; a cluster's rank 0
+            names the `mlx` that started it, so `mlx stop` stops the whole cluster).
 
     Raises:
         ConfigError: a bad engine setting, or the port is taken.
@@ -164,7 +167,7 @@ def serving(
         served = Serving(model, engine, server, window, client)
         write_state(
             RunState(
-                pid=os.getpid(),
+                pid=state_pid or os.getpid(),
                 url=server.url,
                 token=settings.auth_token or "",
                 model=model.name,
@@ -174,7 +177,7 @@ def serving(
                 client=client,
             )
         )
-        stack.callback(remove_state, os.getpid())
+        stack.callback(remove_state, state_pid or os.getpid())
         yield served
 
 

@@ -106,7 +106,12 @@ def launch_agent(
     config = load_config(environ)
     options = with_settings(options, config)
     options.engine.config_arguments()  # before the model is built: a bad keep-alive fails fast
-    chosen = _choose(options, config, offer_pull)
+    if options.cluster is not None and options.model:  # this host may hold only its shard
+        from mlxlaunch.launch.cluster_rank import rank_model_dir
+
+        chosen = ChosenModel(options.model, rank_model_dir(options.model), "--model")
+    else:
+        chosen = _choose(options, config, offer_pull)
     log_file = new_log_path()
     token = secrets.token_urlsafe(32)
     settings = ServerSettings(

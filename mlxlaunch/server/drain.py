@@ -34,14 +34,14 @@ SHUTDOWN_MESSAGE = "server is shutting down"
 UNCOUNTED_PATHS = frozenset({"/v1/stats/stream"})
 
 
-def shutdown_event() -> bytes:
+def shutdown_event(message: str = SHUTDOWN_MESSAGE) -> bytes:
     """The SSE `error` frame a stream in flight ends with when the server stops."""
-    return encode_event(ErrorEvent.model_validate(error_body(SHUTDOWN_ERROR, SHUTDOWN_MESSAGE)))
+    return encode_event(ErrorEvent.model_validate(error_body(SHUTDOWN_ERROR, message)))
 
 
-def shutdown_response() -> tuple[Message, Message]:
+def shutdown_response(message: str = SHUTDOWN_MESSAGE) -> tuple[Message, Message]:
     """The ASGI messages of the JSON error answer (529, the Anthropic envelope)."""
-    body = json.dumps(error_body(SHUTDOWN_ERROR, SHUTDOWN_MESSAGE)).encode()
+    body = json.dumps(error_body(SHUTDOWN_ERROR, message)).encode()
     start: Message = {
         "type": "http.response.start",
         "status": status_for(SHUTDOWN_ERROR),
@@ -84,6 +84,7 @@ class Drain:
         self._running: set[anyio.CancelScope] = set()
         self._counted = 0
         self._stopping = False
+        self.message = SHUTDOWN_MESSAGE  # what the cut-off requests are told (end_now can say why)
         self.cut = 0  # requests answered with the shutdown error
 
     @property
@@ -99,8 +100,10 @@ class Drain:
         self._stopping = True
         self._on_loop(lambda loop: loop.call_later(max(0.0, drain_s), self._cut_all))
 
-    def end_now(self) -> None:
-        """Cut every running request now (thread-safe)."""
+    def end_now(self, message: str | None = None) -> None:
+        """Cut every running request now (thread-safe); `message`: what they are told."""
+        if message is not None:
+            self.message = message
         self._stopping = True
         self._on_loop(lambda loop: self._cut_all())
 
@@ -121,7 +124,7 @@ class Drain:
             return
         self._loop = asyncio.get_running_loop()
         if self._stopping:
-            await _send_all(send, shutdown_response())
+            await _send_all(send, shutdown_response(self.message))
             return
         watch = _ResponseWatch(send)
         counted = int(scope["path"] not in UNCOUNTED_PATHS)
@@ -136,20 +139,21 @@ class Drain:
         if cancel.cancelled_caught:
             self.cut += 1
             log.info("%s %s: %s; answered %s", scope["method"], scope["path"],
-                     SHUTDOWN_MESSAGE, SHUTDOWN_ERROR)  # fmt: skip
-            await _answer_cut(watch, send)
+                     self.message, SHUTDOWN_ERROR)  # fmt: skip
+            await _answer_cut(watch, send, self.message)
 
 
-async def _answer_cut(watch: _ResponseWatch, send: Send) -> None:
+async def _answer_cut(watch: _ResponseWatch, send: Send, message: str) -> None:
     """Finish a response whose handler was cancelled, as well as what was sent allows."""
     if watch.ended:
         return
     if not watch.started:
-        await _send_all(send, shutdown_response())
+        await _send_all(send, shutdown_response(message))
         return
     end: Message = {"type": "http.response.body", "body": b"", "more_body": False}
     if watch.event_stream:
-        frame: Message = {"type": "http.response.body", "body": shutdown_event(), "more_body": True}
+        body = shutdown_event(message)
+        frame: Message = {"type": "http.response.body", "body": body, "more_body": True}
         await _send_all(send, (frame, end))
     else:  # half a JSON body cannot become an error: end it, the client sees it cut short
         await _send_all(send, (end,))

@@ -87,6 +87,11 @@ class ServerHandle:
             self._thread.join(_STOP_GRACE_S)
         self._socket.close()
 
+    def cut_off(self, message: str) -> None:
+        """End every request in flight now with `message` (an `error` answer or event), and
+        answer new ones the same: the engine behind the server can answer nothing more."""
+        self._drain.end_now(message)
+
     def __enter__(self) -> ServerHandle:
         return self
 

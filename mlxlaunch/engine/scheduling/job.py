@@ -107,6 +107,7 @@ class Job:
     first_token_at: float | None = None
     # The first token, sent as soon as it was sampled; the generator reports it a step later.
     sent_ahead: int | None = None
+    shared: bool = False  # on a cluster: the other ranks were told of it (lockstep.py)
     output_tokens: int = 0
     last_progress: int = -1
     output: OutputStream | None = None

@@ -292,6 +292,9 @@ class Worker:
                 self._insert(job)
             except Exception as exc:
                 self._end_with_error(job, GenerationFailed(f"could not start generation: {exc}"))
+                if job.shared:  # the other ranks took it: they and rank 0 now differ
+                    self._lose_cluster(exc)
+                    return
 
     def _insert(self, job: Job) -> None:
         loaded = self._require_loaded()
@@ -312,6 +315,7 @@ class Worker:
         lockstep = self._lockstep
         if lockstep is not None:  # the other ranks take the job too, and rank 0's tokens
             lockstep.insert(cluster_insert(job, own_sampler=sampler is not None))
+            job.shared = True
             sampler = lockstep.sampler(sampler) if sampler is not None else None
             processors = [lockstep.watch_logits, *processors] if processors else []
         agree = lockstep.agree if lockstep is not None else None
