@@ -277,8 +277,11 @@ def test_a_killed_rank_ends_the_serve_with_an_error_that_names_it(
         killed_at = time.monotonic()
         reader.join(timeout=60)
         assert not reader.is_alive(), "the client hung"
-        # The stream ends with an error that says why, at once (no drain: nothing can finish).
-        assert len(failures) == 1 and "the cluster has stopped" in str(failures[0]), failures
+        # The stream ends with an error that says why, at once (no drain: nothing can finish):
+        # from the worker when the collective raised ("a rank of the cluster is gone"), from
+        # rank 0 cutting it off when the collective never returns ("another rank of the
+        # cluster ended; the cluster has stopped"); which one is a race.
+        assert len(failures) == 1 and "rank of the cluster" in str(failures[0]), failures
         assert time.monotonic() - killed_at < 15
         assert serve.wait() == 1, "".join(serve.stderr)
         err = "".join(serve.stderr)
