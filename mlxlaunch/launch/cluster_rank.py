@@ -151,6 +151,7 @@ def _serve(spec: RankSpec, model: Any, options: Any, role: Any, logits_hook: Any
 
     from mlxlaunch.engine.types import ClusterLost
     from mlxlaunch.launch.serving import serving
+    from mlxlaunch.runstate import pid_alive
     from mlxlaunch.server.app import ServerSettings
 
     settings = ServerSettings(
@@ -197,7 +198,7 @@ def _serve(spec: RankSpec, model: Any, options: Any, role: Any, logits_hook: Any
             print(READY_MARK + json.dumps(ready), flush=True)
             try:
                 while served.server.running and served.engine.lost is None:
-                    if not _alive(spec.supervisor_pid):
+                    if spec.supervisor_pid is not None and not pid_alive(spec.supervisor_pid):
                         # Killed outright (SIGKILL), it could not stop us: we stop ourselves,
                         # and tell the other ranks, rather than serve for nobody.
                         print("mlx: the launching process is gone; stopping", file=sys.stderr)
@@ -229,18 +230,6 @@ def _end_lost(served: Any, lost: BaseException, state_pid: int | None) -> None:
     remove_state(state_pid or os.getpid())
     print(f"mlx: {message}", file=sys.stderr, flush=True)
     os._exit(LOST_EXIT)
-
-
-def _alive(pid: int | None) -> bool:
-    if pid is None:
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 if __name__ == "__main__":

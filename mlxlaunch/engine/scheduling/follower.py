@@ -27,6 +27,7 @@ from mlxlaunch.engine.runtime.loader import LoadedModel, load_model
 from mlxlaunch.engine.runtime.rank_group import RankGroup
 from mlxlaunch.engine.runtime.warmup import warm_up_loaded
 from mlxlaunch.engine.scheduling import cluster_ops as ops
+from mlxlaunch.engine.scheduling.generator_step import batch_generator
 from mlxlaunch.engine.scheduling.generator_step import step as generator_step
 from mlxlaunch.engine.scheduling.lockstep import echo_sampler
 from mlxlaunch.engine.scheduling.prompt_caches import PromptCaches, settle
@@ -137,15 +138,7 @@ class Follower:
     def _batch_generator(self) -> BatchGenerator:
         if self._generator is None:
             loaded = self._require_loaded()
-            width = self.config.max_concurrency
-            self._generator = BatchGenerator(  # shaped as rank 0's (Worker._batch_generator)
-                loaded.model,
-                sampler=echo_sampler(self.group),
-                stop_tokens=[[eos] for eos in loaded.info.eos_token_ids],
-                completion_batch_size=width,
-                prefill_batch_size=width,
-                prefill_step_size=self.config.prefill_chunk,
-            )
+            self._generator = batch_generator(loaded, self.config, echo_sampler(self.group))
         return self._generator
 
     def _require_loaded(self) -> LoadedModel:

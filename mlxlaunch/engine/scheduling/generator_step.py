@@ -26,8 +26,25 @@ from __future__ import annotations
 from typing import Any
 
 import mlx.core as mx
+from mlx_lm.generate import BatchGenerator
 
 from mlxlaunch.engine.runtime.mlx_lm_internals import decoding_caches, set_prefill_slice
+
+
+def batch_generator(loaded: Any, config: Any, sampler: Any = None) -> BatchGenerator:
+    """The batch generator of the worker, and of every follower rank of a cluster: one shape
+    for all (the same batch widths and chunk mean the same collectives on every rank).
+    `loaded`: the LoadedModel; `config`: the EngineConfig; `sampler`: the shared one (None:
+    mlx-lm's greedy)."""
+    width = config.max_concurrency
+    return BatchGenerator(
+        loaded.model,
+        sampler=sampler,
+        stop_tokens=[[eos] for eos in loaded.info.eos_token_ids],
+        completion_batch_size=width,
+        prefill_batch_size=width,
+        prefill_step_size=config.prefill_chunk,
+    )
 
 
 def step(generator: Any, prefill_tokens: int) -> tuple[list[Any], list[Any]]:

@@ -33,6 +33,7 @@ from mlxlaunch.engine.runtime.memory import MemoryBudget, apply_memory_limits, k
 from mlxlaunch.engine.runtime.mlx_thread import run_on_mlx_thread
 from mlxlaunch.engine.runtime.warmup import RESTORED_WARMUP_TOKENS, warm_up_loaded
 from mlxlaunch.engine.scheduling.first_token import sampled_first_tokens
+from mlxlaunch.engine.scheduling.generator_step import batch_generator
 from mlxlaunch.engine.scheduling.generator_step import step as generator_step
 from mlxlaunch.engine.scheduling.job import Job, OutputStream
 from mlxlaunch.engine.scheduling.lockstep import Lockstep, cluster_insert, greedy
@@ -600,15 +601,8 @@ class Worker:
     def _batch_generator(self) -> BatchGenerator:
         if self._generator is None:
             loaded = self._require_loaded()
-            width = self.config.max_concurrency
-            self._generator = BatchGenerator(
-                loaded.model,
-                sampler=self._lockstep.sampler(greedy) if self._lockstep is not None else None,
-                stop_tokens=[[eos] for eos in loaded.info.eos_token_ids],
-                completion_batch_size=width,
-                prefill_batch_size=width,
-                prefill_step_size=self.config.prefill_chunk,
-            )
+            sampler = self._lockstep.sampler(greedy) if self._lockstep is not None else None
+            self._generator = batch_generator(loaded, self.config, sampler)
         return self._generator
 
     def _measure(self, generator: BatchGenerator) -> None:
