@@ -439,7 +439,7 @@ class RequestLog:
         prompt = usage.prompt_tokens if usage else (admitted.prompt_tokens if admitted else 0)
         cached = usage.cached_tokens if usage else (admitted.cached_tokens if admitted else 0)
         log.info(
-            "%s model=%s prompt=%d cached=%d output=%d ttft=%.2fs tok/s=%.1f status=%d",
+            "%s model=%s prompt=%d cached=%d output=%d ttft=%.2fs tok/s=%.1f draft=%d/%d status=%d",
             self.request_id,
             self.model,
             prompt,
@@ -447,6 +447,8 @@ class RequestLog:
             usage.output_tokens if usage else 0,
             ttft,
             timings.decode_tps if timings else 0.0,
+            timings.accepted_tokens if timings else 0,
+            timings.drafted_tokens if timings else 0,
             status,
         )
 

@@ -247,14 +247,17 @@ class _Turn:
             return
         self._logged = True
         usage = self.done.usage if self.done else None
+        timings = self.done.timings if self.done else None
         log.info(
-            "%s model=%s prompt=%d cached=%d output=%d time=%.2fs status=%d",
+            "%s model=%s prompt=%d cached=%d output=%d time=%.2fs draft=%d/%d status=%d",
             self.response_id,
             self.model,
             usage.prompt_tokens if usage else 0,
             usage.cached_tokens if usage else 0,
             usage.output_tokens if usage else 0,
             time.monotonic() - self.started,
+            timings.accepted_tokens if timings else 0,
+            timings.drafted_tokens if timings else 0,
             status,
         )
 

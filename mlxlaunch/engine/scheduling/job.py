@@ -14,6 +14,7 @@ from typing import Any
 
 from mlx_lm.tokenizer_utils import NaiveStreamingDetokenizer, TokenizerWrapper
 
+from mlxlaunch.engine.decoding.drafting import PromptLookup
 from mlxlaunch.engine.decoding.plan import NO_PLAN, DecodingPlan
 from mlxlaunch.engine.output.parser import ParsedEvent
 from mlxlaunch.engine.output.parser_config import ModelOutputParser
@@ -105,8 +106,10 @@ class Job:
     cached_tokens: int = 0
     started_at: float | None = None
     first_token_at: float | None = None
-    # The first token, sent as soon as it was sampled; the generator reports it a step later.
-    sent_ahead: int | None = None
+    # Its draft source for speculative decoding (built at submit), None: it does not draft.
+    drafter: PromptLookup | None = None
+    drafted: int = 0  # tokens drafted for it, and of those accepted
+    accepted: int = 0
     shared: bool = False  # on a cluster: the other ranks were told of it (lockstep.py)
     output_tokens: int = 0
     last_progress: int = -1
@@ -131,6 +134,8 @@ class Job:
             ttft_s=(first - self.submitted_at) if first is not None else 0.0,
             prefill_tps=prefilled / prefill_s if prefill_s > 0 else 0.0,
             decode_tps=(self.output_tokens - 1) / decode_s if decode_s > 0 else 0.0,
+            drafted_tokens=self.drafted,
+            accepted_tokens=self.accepted,
         )
 
     def record(self, timings: Timings, outcome: str) -> RequestRecord:
@@ -145,6 +150,8 @@ class Job:
             ttft_s=timings.ttft_s,
             decode_tps=timings.decode_tps,
             outcome=outcome,
+            drafted_tokens=self.drafted,
+            accepted_tokens=self.accepted,
         )
 
     def flush(self) -> None:
