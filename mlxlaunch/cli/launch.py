@@ -35,12 +35,14 @@ from mlxlaunch.cli.scheduler_options import (
     DEFAULT_IDLE_CLEAR,
     DEFAULT_MEMORY_FRACTION,
     DEFAULT_RENDER,
+    DEFAULT_SPECULATE,
     ContextLengthOption,
     IdleClearOption,
     KeepAliveOption,
     MaxConcurrencyOption,
     MemoryFractionOption,
     RenderOption,
+    SpeculateOption,
     ToolFormatOption,
 )
 from mlxlaunch.cluster.hosts import Cluster, cluster_from_options
@@ -189,6 +191,7 @@ def claude(
     cache_disk: CacheDiskOption = DEFAULT_CACHE_DISK,
     tool_format: ToolFormatOption = None,
     render: RenderOption = DEFAULT_RENDER,
+    speculate: SpeculateOption = DEFAULT_SPECULATE,
     debug_cache: DebugCacheOption = False,
     safeguards: SafeguardsOption = True,
     preload: Annotated[bool, _preload_option("claude")] = False,
@@ -251,6 +254,7 @@ def claude(
             cache_disk=cache_disk,
             tool_format=tool_format,
             render=render,
+            speculate=speculate,
             debug_cache=debug_cache,
             safeguards=safeguards,
             preload=preload,
@@ -279,6 +283,7 @@ class _ServeArgs:
     cache_disk: str
     tool_format: str | None
     render: str
+    speculate: str
     debug_cache: bool
     safeguards: bool
     preload: bool
@@ -311,6 +316,7 @@ def _run(
             cache_disk=a.cache_disk,
             tool_format=a.tool_format,
             render=a.render,
+            speculate=a.speculate,
             debug_cache=a.debug_cache,
             safeguards=a.safeguards,
         ),
@@ -392,6 +398,7 @@ def _agent_command(agent: Integration, example: str) -> None:
         cache_disk: CacheDiskOption = DEFAULT_CACHE_DISK,
         tool_format: ToolFormatOption = None,
         render: RenderOption = DEFAULT_RENDER,
+        speculate: SpeculateOption = DEFAULT_SPECULATE,
         debug_cache: DebugCacheOption = False,
         safeguards: SafeguardsOption = True,
         preload: bool = _preload_option(agent.binary, False),
@@ -453,6 +460,7 @@ def _agent_command(agent: Integration, example: str) -> None:
             cache_disk=cache_disk,
             tool_format=tool_format,
             render=render,
+            speculate=speculate,
             debug_cache=debug_cache,
             safeguards=safeguards,
             preload=preload,

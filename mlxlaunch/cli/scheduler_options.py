@@ -90,6 +90,29 @@ ToolFormatOption = Annotated[
 ]
 
 
+# Speculative decoding (`engine.config.SpeculateMode`), spelled here so the CLI imports no MLX.
+SPECULATE_MODES = ("auto", "lookup", "off")
+DEFAULT_SPECULATE = "auto"
+
+
+def _speculate(value: str) -> str:
+    if value not in SPECULATE_MODES:
+        raise typer.BadParameter(f"{value!r} is not one of: {', '.join(SPECULATE_MODES)}")
+    return value
+
+
+SpeculateOption = Annotated[
+    str,
+    typer.Option(
+        callback=_speculate,
+        metavar="[auto|lookup|off]",
+        help="Speculative decoding. auto: draft from the conversation itself (prompt lookup) "
+        "where the model allows it, verified in the batch's own forward pass, so output is "
+        "what plain decoding gives; lookup: the same, refused where the model cannot; off.",
+    ),
+]
+
+
 # The engine's render modes (`engine.config.RenderMode`), spelled here so the CLI imports no MLX.
 RENDER_MODES = ("stable", "exact")
 DEFAULT_RENDER = "stable"

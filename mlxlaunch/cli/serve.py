@@ -26,12 +26,14 @@ from mlxlaunch.cli.scheduler_options import (
     DEFAULT_IDLE_CLEAR,
     DEFAULT_MEMORY_FRACTION,
     DEFAULT_RENDER,
+    DEFAULT_SPECULATE,
     ContextLengthOption,
     IdleClearOption,
     KeepAliveOption,
     MaxConcurrencyOption,
     MemoryFractionOption,
     RenderOption,
+    SpeculateOption,
     ToolFormatOption,
 )
 from mlxlaunch.engine.settings import DEFAULT_CACHE_DISK
@@ -82,6 +84,7 @@ def serve(
     cache_disk: CacheDiskOption = DEFAULT_CACHE_DISK,
     tool_format: ToolFormatOption = None,
     render: RenderOption = DEFAULT_RENDER,
+    speculate: SpeculateOption = DEFAULT_SPECULATE,
     debug_cache: DebugCacheOption = False,
     safeguards: SafeguardsOption = True,
     preload: Annotated[
@@ -137,6 +140,7 @@ def serve(
             cache_disk=cache_disk,
             tool_format=tool_format,
             render=render,
+            speculate=speculate,
             debug_cache=debug_cache,
             safeguards=safeguards,
         ),

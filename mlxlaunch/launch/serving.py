@@ -56,6 +56,7 @@ class EngineOptions:
     cache_disk: str = DEFAULT_CACHE_DISK
     tool_format: str | None = None
     render: str = "stable"  # prompt rendering: "stable" or "exact" (EngineConfig.render)
+    speculate: str = "auto"  # speculative decoding (EngineConfig.speculate)
     debug_cache: bool = False  # keep prompt text around cache misses (EngineConfig.debug_cache)
     safeguards: bool = True  # answer Claude Code's auto-mode check (ServerSettings.safeguards)
 
@@ -70,6 +71,7 @@ class EngineOptions:
             "context_length": self.context_length,
             "tool_format": self.tool_format,
             "render": self.render,
+            "speculate": self.speculate,
             "debug_cache": self.debug_cache,
             **engine_tuning(
                 max_concurrency=self.max_concurrency,
