@@ -64,6 +64,8 @@ TEST_MODELS: dict[str, ModelRecipe] = {
     # Hand-wired to copy: its greedy output is a fixed chain of words, so drafts taken from
     # a prompt holding that text are accepted by its own forward passes (speculative decoding).
     "copy": ModelRecipe(size="small", weights="copy"),
+    # The same chain in the tiny shape (same tokenizer and seed): a draft model for "copy".
+    "copy-tiny": ModelRecipe(size="tiny", weights="copy"),
 }
 
 # Files whose content decides what the builder writes.
