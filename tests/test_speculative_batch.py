@@ -415,3 +415,27 @@ def test_no_drafts_where_nothing_is_likely_accepted() -> None:
     for _ in range(40):  # a sequence given up on is tried again after a while
         poor.idle()
     assert poor.rate > 0.45
+
+
+def test_a_speculative_sequences_kept_kv_continues_as_a_fresh_prefill_would(model: Any) -> None:
+    """What a finished sequence leaves (its KV, written with drafts and rolled back, and the
+    tokens it holds) continues a next turn exactly as prefilling those tokens afresh does."""
+    prompt = repetitive_prompts(41, count=1)[0]
+    batch = Batch(model, stop_tokens=(), width=2, prefill_chunk=16, speculate=True)
+    batch.insert(prompt, max_tokens=60, cache=fresh_cache(model), held=[], drafter=PromptLookup())
+    finished = None
+    while finished is None:
+        finished = next((e for e in batch.step(16)[1] if e.finish_reason), None)
+    assert batch.counters.accepted_tokens > 0 and finished.held is not None
+    caches, tokens = finished.held
+    suffix = [7, 7, 3, 19]
+    outputs = []
+    for cache, held in ((caches, tokens), (fresh_cache(model), [])):
+        turn = Batch(model, stop_tokens=(), width=2, prefill_chunk=16, speculate=False)
+        whole = [*tokens, finished.tokens[-1], *suffix]
+        turn.insert(whole[len(held) :], max_tokens=30, cache=cache, held=held)
+        out: list[int] = []
+        while len(out) < 30:
+            out += [t for e in turn.step(16)[1] for t in e.tokens]
+        outputs.append(out)
+    assert outputs[0] == outputs[1]

@@ -222,7 +222,7 @@ class Engine:
         # The prompt's n-gram index for drafting, built here: tens of ms for a long prompt.
         drafter = (
             await asyncio.to_thread(PromptLookup, rendered.tokens)
-            if self._worker.speculating
+            if self._worker.speculation.lookup
             else None
         )
         room = window - prompt_tokens

@@ -138,6 +138,10 @@ class Acceptance:
 # Samples of step time kept per pass width (the median is used: one preempted step must not
 # decide the width for long).
 STEP_SAMPLES = 9
+# Plain steps in a row, while some sequence had a proposal, after which one step drafts anyway
+# (two tokens): a workload can start copying after a stretch that did not, and only drafting
+# tells. On a machine where drafting never pays this costs ~2% of steps.
+PROBE_EVERY = 64
 # What a pass of w tokens is assumed to cost, in plain decode steps, before it is measured:
 # optimistic, so that widths get tried and measured at all.
 PRIOR_COST_PER_TOKEN = 0.05
@@ -149,6 +153,9 @@ class DraftWidth:
 
     max_draft: int = MAX_DRAFT
     _times: dict[int, deque[float]] = field(default_factory=dict)
+    # Every sequence's verified drafts together: where a new sequence starts from.
+    recent: Acceptance = field(default_factory=lambda: Acceptance(decay=0.95))
+    _undrafted: int = 0  # plain steps in a row despite proposals
 
     def cost(self, width: int) -> float:
         """A pass of `width` tokens per sequence, in plain (width 1) steps: measured, else
@@ -198,15 +205,30 @@ class DraftWidth:
             gain = tokens / self.cost(k + 1)
             if gain > best_gain * 1.02:  # a width must earn its keep clearly
                 best, best_gain = k, gain
+        if best == 0:
+            self._undrafted += 1
+            if self._undrafted >= PROBE_EVERY:
+                best = min(top, 2)
+        if best > 0:
+            self._undrafted = 0
         return best
 
+    def start(self) -> Acceptance:
+        """The acceptance a new sequence starts with: what the batch's drafts have had."""
+        return Acceptance(prior=self.recent.rate)
 
-def speculation_unavailable(mode: str, model: object, *, cluster: bool) -> str | None:
+
+def speculation_unavailable(
+    mode: str, model: object, *, cluster: bool, draft: object = None
+) -> str | None:
     """Why sequences of `model` cannot be decoded speculatively under `mode` (None: they
-    can), in words for a log line or an error."""
+    can), in words for a log line or an error; `draft`: the draft model, if one is used."""
     if mode == "off":
         return "--speculate off"
     if cluster:
         return "a cluster serve decodes in lockstep without drafts"
     reason = rollback_capable(model)
-    return f"the model cannot draft: {reason}" if reason is not None else None
+    if reason is not None:
+        return f"the model cannot draft: {reason}"
+    reason = rollback_capable(draft) if draft is not None else None
+    return f"the draft model cannot draft: {reason}" if reason is not None else None

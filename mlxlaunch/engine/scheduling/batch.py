@@ -28,6 +28,7 @@ import mlx.core as mx
 from mlx_lm.generate import PromptProcessingBatch, generation_stream
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
+from mlxlaunch.engine.decoding.draft_model import DraftModel
 from mlxlaunch.engine.decoding.drafting import DraftWidth, PromptLookup
 from mlxlaunch.engine.scheduling.decode import (
     DecodeBatch,
@@ -50,19 +51,21 @@ def greedy(logprobs: mx.array) -> mx.array:
 
 
 def make_batch(
-    loaded: Any, config: Any, sampler: Sampler | None = None, *, speculate: bool = False
+    loaded: Any, config: Any, sampler: Sampler | None = None, speculation: Any = None
 ) -> Batch:
     """The batch of the worker, and of every follower rank of a cluster: one shape for all
     (the same width and chunk mean the same forward passes, so the same collectives, on every
     rank). `loaded`: the LoadedModel; `config`: the EngineConfig; `sampler`: the shared one
-    (None: greedy); `speculate`: draft where sequences bring drafters."""
+    (None: greedy); `speculation`: how sequences draft (scheduling/speculation.py; None:
+    they do not)."""
     return Batch(
         loaded.model,
         stop_tokens=list(loaded.info.eos_token_ids),
         width=config.max_concurrency,
         prefill_chunk=config.prefill_chunk,
         sampler=sampler,
-        speculate=speculate,
+        speculate=speculation is not None and speculation.on,
+        draft_model=speculation.draft if speculation is not None else None,
     )
 
 
@@ -103,6 +106,7 @@ class _Sequence:
     processors: list[Processor]
     drafter: PromptLookup | None
     snapshot: bool
+    may_draft: bool
     done: int = 0  # prompt tokens prefilled
 
 
@@ -116,7 +120,9 @@ class Batch:
         width: most sequences at once (prefilling and decoding together).
         prefill_chunk: most prompt tokens of one prompt per forward pass.
         sampler: the sampler of sequences inserted without one (default: greedy).
-        speculate: draft tokens where sequences bring a drafter (speculative decoding).
+        speculate: draft tokens where sequences can (speculative decoding): from the prompt
+            lookup drafter each brings, or from `draft_model`.
+        draft_model: drafts for every sequence from a small model (decoding/draft_model.py).
     """
 
     model: Any
@@ -125,6 +131,7 @@ class Batch:
     prefill_chunk: int
     sampler: Sampler | None = None
     speculate: bool = False
+    draft_model: DraftModel | None = None
     counters: Counters = field(default_factory=Counters)
     _clock: Callable[[], float] = time.perf_counter
 
@@ -138,6 +145,7 @@ class Batch:
             set(self.stop_tokens),
             DraftWidth() if self.speculate else None,
             self._clock,
+            self.draft_model,
         )
         self._early: list[Emitted] = []  # resolved before a removal, reported next step
         self._joining: list[list[Any]] = []  # batch caches of the prompts ready to decode
@@ -167,10 +175,18 @@ class Batch:
         uid = self._next_uid
         self._next_uid += 1
         processors = list(processors)
-        if not (self.speculate and can_roll_back(processors)):
-            drafter = None
+        may_draft = self.speculate and can_roll_back(processors)
         sequence = _Sequence(
-            uid, list(prompt), max_tokens, cache, list(held), sampler, processors, drafter, snapshot
+            uid=uid,
+            prompt=list(prompt),
+            max_tokens=max_tokens,
+            cache=cache,
+            held=list(held),
+            sampler=sampler,
+            processors=processors,
+            drafter=drafter if may_draft else None,
+            snapshot=snapshot,
+            may_draft=may_draft,
         )
         self._waiting.append(sequence)
         return uid
@@ -336,6 +352,7 @@ class Batch:
                     max_tokens=seq.max_tokens,
                     sampler=seq.sampler,
                     processors=seq.processors,
+                    may_draft=seq.may_draft,
                     drafter=drafter,
                 )
             )

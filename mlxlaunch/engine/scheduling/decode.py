@@ -30,6 +30,7 @@ from typing import Any, cast
 
 import mlx.core as mx
 
+from mlxlaunch.engine.decoding.draft_model import DraftModel
 from mlxlaunch.engine.decoding.drafting import Acceptance, DraftWidth, PromptLookup
 from mlxlaunch.engine.runtime.row_cache import RowKVCache
 
@@ -54,7 +55,8 @@ class Row:
     max_tokens: int
     sampler: Sampler | None
     processors: list[Processor]
-    drafter: PromptLookup | None = None  # None: this sequence does not draft
+    may_draft: bool = False  # its processors and caches can follow a rollback
+    drafter: PromptLookup | None = None  # its prompt-lookup drafts (None with a draft model)
     generated: int = 0
     acceptance: Acceptance = field(default_factory=Acceptance)
     drafted: int = 0  # tokens proposed for this sequence so far
@@ -80,12 +82,18 @@ class Emitted:
 
 @dataclass
 class _Pass:
-    """A forward pass in flight: what each row was fed after its input, and the samples."""
+    """A forward pass in flight: what each row was fed after its input, and the samples.
+
+    With a draft model the drafts may still be lazy (`lazy`, (rows, k)): each row then uses
+    the first `usable[i]` of them, read when the pass resolves."""
 
     drafts: list[list[int]]
     width: int
     samples: list[mx.array]  # one (width,) array per row
     started: float
+    lazy: mx.array | None = None
+    usable: list[int] | None = None
+    proposed: list[list[int]] | None = None  # the draft model's whole proposals, when read
 
 
 class DecodeBatch:
@@ -98,8 +106,10 @@ class DecodeBatch:
         stop_tokens: set[int],
         width: DraftWidth | None,
         clock: Callable[[], float] = time.perf_counter,
+        draft_model: DraftModel | None = None,
     ) -> None:
         self.model = model
+        self.draft_model = draft_model  # drafts for every row (else prompt lookup per row)
         self.fallback_sampler = fallback_sampler
         self.stop_tokens = stop_tokens
         self.width = width  # None: never draft
@@ -129,7 +139,12 @@ class DecodeBatch:
         else:
             for mine, theirs in zip(self.caches, caches, strict=True):
                 mine.extend(theirs)
+        if self.width is not None:
+            for row in rows:
+                row.acceptance = self.width.start()
         self.rows += rows
+        if self.draft_model is not None and self.speculative:
+            self.draft_model.join([row.tokens for row in rows])
 
     def leave(self, keep: list[int]) -> None:
         """Keep only the rows at indices `keep` (nothing may be in flight)."""
@@ -137,6 +152,8 @@ class DecodeBatch:
         if len(keep) == len(self.rows):
             return
         self.rows = [self.rows[i] for i in keep]
+        if self.draft_model is not None and self.draft_model.rows:
+            self.draft_model.leave(keep)
         if not keep:
             self.caches = []
             self._last_issue = None
@@ -160,21 +177,36 @@ class DecodeBatch:
         now = self._clock()
         if timed and self._last_issue is not None and self.width is not None:
             self.width.observe(self._last_issue[1], now - self._last_issue[0])
-        drafts = self._drafts()
-        width = 1 + max(len(d) for d in drafts)
-        inputs = [
-            [row.pending, *d] + [row.pending] * (width - 1 - len(d))  # filler: rolled back
-            for row, d in zip(self.rows, drafts, strict=True)
-        ]
-        logits = self.model(mx.array(inputs), cache=self.caches)  # (rows, width, vocab)
+        lazy, usable = self._model_drafts()
+        if lazy is not None and usable is not None:
+            drafts: list[list[int]] = [[] for _ in self.rows]
+            width = 1 + int(lazy.shape[1])
+            proposed: list[list[int]] | None = None
+            if any(row.processors for row in self.rows):  # their contexts need the tokens
+                proposed = _listed(lazy)
+                drafts = self._checked([d[:n] for d, n in zip(proposed, usable, strict=True)])
+                usable, lazy = None, None
+            pending = mx.array([row.pending for row in self.rows])[:, None]
+            inputs = mx.concatenate([pending, self._fed(lazy, drafts, width)], axis=1)
+        else:
+            proposed = None
+            drafts = self._drafts()
+            width = 1 + max(len(d) for d in drafts)
+            inputs = mx.array(
+                [
+                    [row.pending, *d] + [row.pending] * (width - 1 - len(d))  # filler
+                    for row, d in zip(self.rows, drafts, strict=True)
+                ]
+            )
+        logits = self.model(inputs, cache=self.caches)  # (rows, width, vocab)
         samples = self._sample(logits, drafts, width)
         # The caches too: a processor that decides a token without reading the logits (a
         # forced token) would leave the forward pass out of the samples' graph, and its KV
         # writes would pile up lazily, one pass per step, until something read the cache (8 s
         # for 2,000 tokens in one step on the medium test model). Already computed with the
         # samples otherwise, so asking costs a look at each array.
-        mx.async_eval(samples, [cache.state for cache in self.caches])
-        self._inflight = _Pass(drafts, width, samples, now)
+        mx.async_eval(samples, [cache.state for cache in self.caches], lazy)
+        self._inflight = _Pass(drafts, width, samples, now, lazy, usable, proposed)
         self._last_issue = (now, width)
 
     def resolve(self) -> list[Emitted]:
@@ -183,6 +215,13 @@ class DecodeBatch:
         if flight is None:
             return []
         mx.eval(flight.samples)
+        proposed: list[list[int]] = []
+        if flight.lazy is not None:
+            proposed = _listed(flight.lazy)
+        elif flight.proposed is not None:
+            proposed = flight.proposed
+        if flight.lazy is not None and flight.usable is not None:
+            flight.drafts = [d[:n] for d, n in zip(proposed, flight.usable, strict=True)]
         out: list[Emitted] = []
         rollback: list[int] = []
         for row, drafts, samples in zip(self.rows, flight.drafts, flight.samples, strict=True):
@@ -199,6 +238,8 @@ class DecodeBatch:
             row.pending = new[-1] if emitted.finish_reason is None else emitted.tokens[-1]
             if drafts:
                 row.acceptance.observe(len(drafts), accepted)
+                if self.width is not None:
+                    self.width.recent.observe(len(drafts), accepted)
                 row.drafted += len(drafts)
                 row.accepted += accepted
                 emitted.drafted, emitted.accepted = len(drafts), accepted
@@ -213,6 +254,8 @@ class DecodeBatch:
         if any(rollback):
             for cache in self.caches:
                 cache.rollback(rollback)
+        if proposed and self.draft_model is not None:
+            self.draft_model.settle(proposed, [[*row.tokens, row.pending] for row in self.rows])
         return out
 
     def resolve_now(self) -> list[Emitted]:
@@ -220,6 +263,37 @@ class DecodeBatch:
         return self.resolve() if self._inflight is not None else []
 
     # --- inside a step --------------------------------------------------------------------
+
+    def _model_drafts(self) -> tuple[mx.array | None, list[int] | None]:
+        """The draft model's drafts for this pass (lazy, (rows, k)) and how many of them each
+        row may use (0 for a row that does not draft); (None, None): no draft model, or a
+        plain step."""
+        draft, width = self.draft_model, self.width
+        if draft is None or width is None or not self.speculative or not draft.rows:
+            return None, None
+        rooms = [
+            min(width.max_draft, row.remaining() - 1) if row.may_draft else 0 for row in self.rows
+        ]
+        k = width.choose(rooms, [row.acceptance for row in self.rows])
+        if k <= 0:
+            return None, None
+        lazy = draft.propose([[*row.tokens, row.pending] for row in self.rows], k)
+        return lazy, [max(0, min(k, room)) for room in rooms]
+
+    def _checked(self, drafts: list[list[int]]) -> list[list[int]]:
+        """Each row's drafts cut to what its processors allow."""
+        return [
+            _valid_prefix(row.processors, [*row.tokens, row.pending], d) if d else d
+            for row, d in zip(self.rows, drafts, strict=True)
+        ]
+
+    @staticmethod
+    def _fed(lazy: mx.array | None, drafts: list[list[int]], width: int) -> mx.array:
+        """What follows each row's input in the pass: the draft model's tokens as proposed
+        (the lazy ones), else the host drafts padded with their first token."""
+        if lazy is not None:
+            return lazy.astype(mx.int32)
+        return mx.array([(d + [d[0] if d else 0] * width)[: width - 1] for d in drafts])
 
     def _drafts(self) -> list[list[int]]:
         """Each row's drafts for this pass (all empty: a plain step)."""
@@ -229,7 +303,7 @@ class DecodeBatch:
         proposals: list[list[int]] = []
         for row in self.rows:
             room = min(width.max_draft, row.remaining() - 1)
-            drafter = row.drafter
+            drafter = row.drafter if row.may_draft else None
             proposal = drafter.propose(room) if drafter is not None and room > 0 else []
             proposals.append(proposal)
         k = width.choose([len(p) for p in proposals], [row.acceptance for row in self.rows])
@@ -301,3 +375,7 @@ def _valid_prefix(processors: Sequence[Any], context: list[int], drafts: list[in
         if check is not None and drafts:
             drafts = drafts[: check(context, drafts)]
     return drafts
+
+
+def _listed(tokens: mx.array) -> list[list[int]]:
+    return cast(list[list[int]], tokens.tolist())

@@ -23,7 +23,6 @@ from typing import Any
 import mlx.core as mx
 
 from mlxlaunch.engine.config import EngineConfig
-from mlxlaunch.engine.decoding.drafting import speculation_unavailable
 from mlxlaunch.engine.decoding.grammar import forget_tokenizer
 from mlxlaunch.engine.decoding.sampling import penalty_processors, resolve_sampling, sampler_for
 from mlxlaunch.engine.output.parser_config import output_parser, parser_config
@@ -39,6 +38,7 @@ from mlxlaunch.engine.scheduling.lockstep import Lockstep, cluster_insert
 from mlxlaunch.engine.scheduling.prefill_pacing import PrefillPacer
 from mlxlaunch.engine.scheduling.prompt_caches import PromptCaches
 from mlxlaunch.engine.scheduling.retention import adopt_reply
+from mlxlaunch.engine.scheduling.speculation import OFF, plan_speculation
 from mlxlaunch.engine.scheduling.sweeper import IdleSweeper
 from mlxlaunch.engine.scheduling.warmup import RESTORED_WARMUP_TOKENS, warm_up_loaded
 from mlxlaunch.engine.stats import StatsBook
@@ -54,7 +54,6 @@ from mlxlaunch.engine.types import (
     Timings,
     Usage,
 )
-from mlxlaunch.errors import ModelLoadError
 
 Command = Callable[[], None]
 
@@ -91,7 +90,7 @@ class Worker:
         self.tokenizer_lock = threading.Lock()
         self.loaded: LoadedModel | None = None
         self.renderer: PromptRenderer | None = None
-        self.speculating = False  # decided at load: jobs bring drafters (speculative decoding)
+        self.speculation = OFF  # decided at load: how sequences draft (speculative decoding)
         self._generator: Batch | None = None
         self._waiting: deque[Job] = deque()
         self._running: dict[int, Job] = {}  # batch uid -> job
@@ -535,7 +534,8 @@ class Worker:
             if self._lockstep is not None:
                 self._lockstep.load()
             loaded = load_model(self.config)
-            self.speculating = self._speculation(loaded)
+            cluster = self._lockstep is not None
+            self.speculation = plan_speculation(self.config, loaded, cluster=cluster)
         except BaseException:
             self.stats.state = "unloaded"
             raise
@@ -569,21 +569,6 @@ class Worker:
         self.stats.model = loaded.info.id
         self.stats.state = "loaded"
 
-    def _speculation(self, loaded: LoadedModel) -> bool:
-        """Whether this model's sequences draft (see engine/decoding/drafting.py)."""
-        mode = self.config.speculate
-        reason = speculation_unavailable(
-            mode, loaded.base_model, cluster=self._lockstep is not None
-        )
-        log = logging.getLogger(__name__)
-        if reason is None:
-            log.info("speculative decoding: prompt lookup")
-            return True
-        if mode == "lookup":
-            raise ModelLoadError(f"--speculate lookup is not possible here: {reason}")
-        log.info("speculative decoding is off: %s", reason)
-        return False
-
     def _require_loaded(self) -> LoadedModel:
         if self.loaded is None:
             raise EngineUnavailable("no model is loaded")
@@ -593,7 +578,7 @@ class Worker:
         if self._generator is None:
             loaded = self._require_loaded()
             sampler = self._lockstep.sampler(greedy) if self._lockstep is not None else None
-            self._generator = make_batch(loaded, self.config, sampler, speculate=self.speculating)
+            self._generator = make_batch(loaded, self.config, sampler, self.speculation)
         return self._generator
 
     def _measure(self, generator: Batch) -> None:
