@@ -37,6 +37,7 @@ from mlxlaunch.cli.scheduler_options import (
     DEFAULT_RENDER,
     DEFAULT_SPECULATE,
     ContextLengthOption,
+    DraftModelOption,
     IdleClearOption,
     KeepAliveOption,
     MaxConcurrencyOption,
@@ -192,6 +193,7 @@ def claude(
     tool_format: ToolFormatOption = None,
     render: RenderOption = DEFAULT_RENDER,
     speculate: SpeculateOption = DEFAULT_SPECULATE,
+    draft_model: DraftModelOption = None,
     debug_cache: DebugCacheOption = False,
     safeguards: SafeguardsOption = True,
     preload: Annotated[bool, _preload_option("claude")] = False,
@@ -255,6 +257,7 @@ def claude(
             tool_format=tool_format,
             render=render,
             speculate=speculate,
+            draft_model=draft_model,
             debug_cache=debug_cache,
             safeguards=safeguards,
             preload=preload,
@@ -284,6 +287,7 @@ class _ServeArgs:
     tool_format: str | None
     render: str
     speculate: str
+    draft_model: str | None
     debug_cache: bool
     safeguards: bool
     preload: bool
@@ -317,6 +321,7 @@ def _run(
             tool_format=a.tool_format,
             render=a.render,
             speculate=a.speculate,
+            draft_model=a.draft_model,
             debug_cache=a.debug_cache,
             safeguards=a.safeguards,
         ),
@@ -399,6 +404,7 @@ def _agent_command(agent: Integration, example: str) -> None:
         tool_format: ToolFormatOption = None,
         render: RenderOption = DEFAULT_RENDER,
         speculate: SpeculateOption = DEFAULT_SPECULATE,
+        draft_model: DraftModelOption = None,
         debug_cache: DebugCacheOption = False,
         safeguards: SafeguardsOption = True,
         preload: bool = _preload_option(agent.binary, False),
@@ -461,6 +467,7 @@ def _agent_command(agent: Integration, example: str) -> None:
             tool_format=tool_format,
             render=render,
             speculate=speculate,
+            draft_model=draft_model,
             debug_cache=debug_cache,
             safeguards=safeguards,
             preload=preload,

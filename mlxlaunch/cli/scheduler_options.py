@@ -91,7 +91,7 @@ ToolFormatOption = Annotated[
 
 
 # Speculative decoding (`engine.config.SpeculateMode`), spelled here so the CLI imports no MLX.
-SPECULATE_MODES = ("auto", "lookup", "off")
+SPECULATE_MODES = ("auto", "lookup", "draft", "off")
 DEFAULT_SPECULATE = "auto"
 
 
@@ -105,10 +105,20 @@ SpeculateOption = Annotated[
     str,
     typer.Option(
         callback=_speculate,
-        metavar="[auto|lookup|off]",
-        help="Speculative decoding. auto: draft from the conversation itself (prompt lookup) "
-        "where the model allows it, verified in the batch's own forward pass, so output is "
-        "what plain decoding gives; lookup: the same, refused where the model cannot; off.",
+        metavar="[auto|lookup|draft|off]",
+        help="Speculative decoding, verified in the batch's own forward pass (the output is "
+        "what plain decoding gives). auto: the --draft-model if given, else drafts from the "
+        "conversation itself (prompt lookup), where the model allows it; lookup, draft: that "
+        "drafter, refused where it cannot run; off.",
+    ),
+]
+DraftModelOption = Annotated[
+    str | None,
+    typer.Option(
+        help="A small model with the main model's tokenizer whose greedy tokens are drafts "
+        "(e.g. a 0.5B model of the same family).",
+        metavar="MODEL",
+        show_default=False,
     ),
 ]
 

@@ -28,6 +28,7 @@ from mlxlaunch.cli.scheduler_options import (
     DEFAULT_RENDER,
     DEFAULT_SPECULATE,
     ContextLengthOption,
+    DraftModelOption,
     IdleClearOption,
     KeepAliveOption,
     MaxConcurrencyOption,
@@ -85,6 +86,7 @@ def serve(
     tool_format: ToolFormatOption = None,
     render: RenderOption = DEFAULT_RENDER,
     speculate: SpeculateOption = DEFAULT_SPECULATE,
+    draft_model: DraftModelOption = None,
     debug_cache: DebugCacheOption = False,
     safeguards: SafeguardsOption = True,
     preload: Annotated[
@@ -141,6 +143,7 @@ def serve(
             tool_format=tool_format,
             render=render,
             speculate=speculate,
+            draft_model=draft_model,
             debug_cache=debug_cache,
             safeguards=safeguards,
         ),

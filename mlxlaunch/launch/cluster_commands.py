@@ -44,10 +44,10 @@ def engine_fields(options: EngineOptions) -> dict[str, Any]:
     Raises:
         ConfigError: an option a cluster cannot honour.
     """
-    if options.speculate == "lookup":
+    if options.speculate in ("lookup", "draft"):
         raise ConfigError(
-            "--speculate lookup cannot be used with --hosts: the ranks decode in lockstep, one "
-            "token per step",
+            f"--speculate {options.speculate} cannot be used with --hosts: the ranks decode in "
+            "lockstep, one token per step",
             hint="leave --speculate at auto (off on a cluster) or use one machine",
         )
     return {
