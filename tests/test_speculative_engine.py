@@ -249,3 +249,46 @@ def test_a_draft_model_with_another_vocabulary_is_refused(
         assert "vocabulary" in exc.message or "ends its turns" in exc.message
     else:
         raise AssertionError("a draft model with another vocabulary was accepted")
+
+
+def test_served_speculation_reports_its_drafts_on_every_surface(
+    copy_model_dir: Path, file_text: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Through a real server and the Anthropic SDK: the streamed reply is the plain one, and
+    the drafts show in the request's log line, /v1/stats and /metrics."""
+    import logging
+
+    import anthropic
+    import httpx
+    from engine_helpers import served_engine
+
+    token = "t0ken"
+    prompt = f"Here is the file:\n{file_text}\nRewrite it."
+    texts = {}
+    for mode in ("auto", "off"):
+        with served_engine(copy_model_dir, token, speculate=mode) as (_, handle):
+            client = anthropic.Anthropic(base_url=handle.url, api_key=token)
+            with (
+                caplog.at_level(logging.INFO, logger="mlxlaunch.server"),
+                client.messages.stream(
+                    model="claude-sonnet-4-5",
+                    max_tokens=160,
+                    messages=[{"role": "user", "content": prompt}],
+                    extra_body={"temperature": 0.0},  # the SDK no longer names it
+                ) as stream,
+            ):
+                texts[mode] = "".join(stream.text_stream)
+            headers = {"authorization": f"Bearer {token}"}
+            stats = httpx.get(f"{handle.url}/v1/stats", headers=headers).json()
+            metrics = httpx.get(f"{handle.url}/metrics", headers=headers).text
+            counters = stats["counters"]
+            if mode == "auto":
+                assert counters["accepted_tokens"] > 0, counters
+                assert stats["recent"][-1]["drafted_tokens"] == counters["drafted_tokens"]
+                assert "mlxlaunch_accepted_draft_tokens_total" in metrics
+                logged = [r.getMessage() for r in caplog.records if " draft=" in r.getMessage()]
+                accepted = counters["accepted_tokens"]
+                assert any(f"draft={accepted}/" in line for line in logged), logged
+            else:
+                assert counters["drafted_tokens"] == 0
+    assert texts["auto"] == texts["off"] and texts["auto"]
