@@ -37,17 +37,13 @@ from mlxlaunch.engine.scheduling.decode import (
     Row,
     Sampler,
     can_roll_back,
+    greedy,
 )
 
 # Decode steps between two releases of MLX's buffer cache (as mlx-lm's generator does).
 CLEAR_CACHE_STEPS = 512
 
 Held = tuple[list[Any], list[int]]  # a sequence's per-layer caches and the tokens they hold
-
-
-def greedy(logprobs: mx.array) -> mx.array:
-    """The sampler of sequences that set none: argmax."""
-    return mx.argmax(logprobs, axis=-1)
 
 
 def make_batch(

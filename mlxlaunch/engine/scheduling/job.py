@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +34,8 @@ class EventSink:
     """Hands events from the worker thread to the request's asyncio queue.
 
     Items are lists of events (one list per step, to keep cross-thread calls per token low) or
-    an exception that ends the request.
+    an exception that ends the request. Inside `batched_delivery` (the worker's steps), every
+    sink's items wait for the block's end and go to each event loop in one call.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -41,9 +43,47 @@ class EventSink:
         self.queue: asyncio.Queue[SinkItem] = asyncio.Queue()
 
     def send(self, item: SinkItem) -> None:
+        held: dict[asyncio.AbstractEventLoop, list[Delivery]] | None = getattr(
+            _outbox, "held", None
+        )
+        if held is not None:
+            held.setdefault(self.loop, []).append((self.queue, item))
+            return
         # A closed loop means the caller is gone; there is nobody to tell.
         with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+Delivery = tuple["asyncio.Queue[SinkItem]", SinkItem]
+_outbox = threading.local()
+
+
+@contextlib.contextmanager
+def batched_delivery() -> Iterator[None]:
+    """Within the block, sinks on this thread hold their items; at its end each event loop
+    gets all of them in one `call_soon_threadsafe` (in the order they were sent).
+
+    Measured on the worker, one stream of the tiny test model: sending each job's events on
+    its own cost ~0.6 ms a step of a 2.5 ms step (each call wakes the loop, whose thread
+    then contends for the GIL while the worker builds the next step); with four streams,
+    four such calls a step."""
+    if getattr(_outbox, "held", None) is not None:  # nested: the outer block sends
+        yield
+        return
+    held: dict[asyncio.AbstractEventLoop, list[Delivery]] = {}
+    _outbox.held = held
+    try:
+        yield
+    finally:
+        _outbox.held = None
+        for loop, deliveries in held.items():
+            with contextlib.suppress(RuntimeError):  # that caller's loop is gone
+                loop.call_soon_threadsafe(_deliver_all, deliveries)
+
+
+def _deliver_all(deliveries: list[Delivery]) -> None:
+    for queue, item in deliveries:
+        queue.put_nowait(item)
 
 
 class OutputStream:

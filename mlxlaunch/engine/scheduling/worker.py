@@ -33,7 +33,7 @@ from mlxlaunch.engine.runtime.loader import LoadedModel, load_model
 from mlxlaunch.engine.runtime.memory import MemoryBudget, apply_memory_limits, kv_bytes_per_token
 from mlxlaunch.engine.runtime.mlx_thread import run_on_mlx_thread
 from mlxlaunch.engine.scheduling.batch import Batch, Counters, greedy, make_batch
-from mlxlaunch.engine.scheduling.job import Job, OutputStream
+from mlxlaunch.engine.scheduling.job import Job, OutputStream, batched_delivery
 from mlxlaunch.engine.scheduling.lockstep import Lockstep, cluster_insert
 from mlxlaunch.engine.scheduling.prefill_pacing import PrefillPacer
 from mlxlaunch.engine.scheduling.prompt_caches import PromptCaches
@@ -239,11 +239,12 @@ class Worker:
                 self._cluster_call(self._lockstep.beat)
             if idle and not self._running and not self._waiting:
                 self._sweep()
-            self._start_waiting()
-            if self._running:
-                self._step()
-            else:
-                self._pacer.pause()
+            with batched_delivery():  # one wake-up of each event loop per step
+                self._start_waiting()
+                if self._running:
+                    self._step()
+                else:
+                    self._pacer.pause()
             self._poll_memory()
         self._drain(block=False)  # commands posted before stop(): they see `_stopping`
         self._abandon_all(EngineUnavailable("the engine is shutting down"))
