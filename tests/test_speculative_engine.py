@@ -285,7 +285,7 @@ def test_served_speculation_reports_its_drafts_on_every_surface(
             if mode == "auto":
                 assert counters["accepted_tokens"] > 0, counters
                 assert stats["recent"][-1]["drafted_tokens"] == counters["drafted_tokens"]
-                assert "mlxlaunch_accepted_draft_tokens_total" in metrics
+                assert "mlxlaunch_accepted_tokens_total" in metrics
                 logged = [r.getMessage() for r in caplog.records if " draft=" in r.getMessage()]
                 accepted = counters["accepted_tokens"]
                 assert any(f"draft={accepted}/" in line for line in logged), logged

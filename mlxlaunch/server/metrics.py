@@ -39,7 +39,7 @@ _TOKEN_COUNTERS = {
     "cached_tokens": ("cached_prompt_tokens", "Prompt tokens served from the prefix cache."),
     "generated_tokens": ("generated_tokens", "Tokens generated."),
     "drafted_tokens": ("drafted_tokens", "Tokens drafted by speculative decoding."),
-    "accepted_tokens": ("accepted_draft_tokens", "Drafted tokens accepted."),
+    "accepted_tokens": ("accepted_tokens", "Drafted tokens accepted."),
 }
 _SEEN_LIMIT = 4096
 
