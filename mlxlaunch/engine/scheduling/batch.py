@@ -233,12 +233,14 @@ class Batch:
                 progress += self._join(ready)
             if len(decode):
                 decode.issue(timed=not progress)
-            if ready:  # their first tokens now, not a step later
+            if ready:  # their first tokens now, not a step later; then the next pass computes
                 tic = self._clock()
                 now = decode.resolve()
                 self._retire(now)
                 self._count_decode(now, tic)
                 emitted += now
+                if len(decode):
+                    decode.issue(timed=False)
             self.counters.decode_steps += 1
             if self.counters.decode_steps % CLEAR_CACHE_STEPS == 0:
                 mx.clear_cache()
