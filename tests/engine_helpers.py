@@ -70,10 +70,13 @@ def engine_maker(model_dir: Path, **defaults: Any) -> Iterator[Callable[..., Eng
 
 
 @contextmanager
-def served_engine(model_dir: Path, token: str) -> Iterator[tuple[Engine, ServerHandle]]:
-    """A started engine on `model_dir` behind a live server that wants `token`; the server
-    stops, then the engine closes, on exit."""
-    engine = Engine(EngineConfig(model=str(model_dir)))
+def served_engine(
+    model_dir: Path, token: str, **config: Any
+) -> Iterator[tuple[Engine, ServerHandle]]:
+    """A started engine on `model_dir` (`config`: more EngineConfig fields, such as a
+    `logits_hook` that scripts its output) behind a live server that wants `token`; the
+    server stops, then the engine closes, on exit."""
+    engine = Engine(EngineConfig(model=str(model_dir), **config))
     engine.start()
     handle = start_server(engine, ServerSettings(auth_token=token))
     try:

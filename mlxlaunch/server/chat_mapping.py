@@ -15,7 +15,6 @@ other id (a random call of ours, ids from another server) stays as the client se
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -49,6 +48,7 @@ from mlxlaunch.protocol.openai_chat import (
     UserMessage,
 )
 from mlxlaunch.protocol.responses import ModelEntry
+from mlxlaunch.server.call_arguments import history_arguments
 from mlxlaunch.server.mapping import BLOCK_SEPARATOR
 
 log = logging.getLogger("mlxlaunch.server")
@@ -295,7 +295,9 @@ def _assistant_message(index: int, message: AssistantMessage) -> ChatMessage:
         ToolCallRecord(
             id=engine_call_id(call.id),
             name=call.function.name,
-            arguments=_arguments(call.function.arguments, f"messages.{index}.tool_calls.{n}"),
+            arguments=history_arguments(
+                call.function.arguments, f"messages.{index}.tool_calls.{n}.function.arguments"
+            ),
         )
         for n, call in enumerate(message.tool_calls or [])
     ]
@@ -307,19 +309,6 @@ def _assistant_message(index: int, message: AssistantMessage) -> ChatMessage:
 
 def _refusal(part: RefusalPart) -> str:
     return part.refusal
-
-
-def _arguments(text: str, path: str) -> dict[str, Any]:
-    """A history call's arguments: JSON text of an object (empty text: no arguments)."""
-    if not text.strip():
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidRequest(f"{path}.function.arguments: not valid JSON ({exc})") from exc
-    if not isinstance(value, dict):
-        raise InvalidRequest(f"{path}.function.arguments: must be a JSON object")
-    return value
 
 
 def _user_message(index: int, message: UserMessage, *, accepts_images: bool) -> ChatMessage:

@@ -14,11 +14,9 @@ and `namespace` apart, as Codex routes it.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from mlxlaunch.engine.types import (
     ChatMessage,
@@ -47,6 +45,7 @@ from mlxlaunch.protocol.openai_responses import (
     ResponsesRequest,
     ToolChoiceFunction,
 )
+from mlxlaunch.server.call_arguments import history_arguments
 
 log = logging.getLogger("mlxlaunch.server")
 
@@ -244,12 +243,7 @@ class _Conversation:
             self.out.append(ChatMessage(role=role, content=text))
 
     def _function_call(self, index: int, item: FunctionCallItem) -> None:
-        try:
-            arguments = json.loads(item.arguments) if item.arguments.strip() else {}
-        except json.JSONDecodeError as exc:
-            raise InvalidRequest(f"input.{index}.arguments: not valid JSON ({exc})") from exc
-        if not isinstance(arguments, dict):
-            raise InvalidRequest(f"input.{index}.arguments: must be a JSON object")
+        arguments = history_arguments(item.arguments, f"input.{index}.arguments")
         turn = self._open_assistant()
         call = ToolCallRecord(
             id=engine_call_id(item.call_id),
@@ -325,12 +319,3 @@ def conversation(
     if built.ignored:
         log.info("responses: input items not served, ignored: %s", ", ".join(sorted(built.ignored)))
     return built.out
-
-
-def parse_arguments(arguments: str) -> dict[str, Any] | None:
-    """The arguments object of a call's JSON text, or None when it is not one."""
-    try:
-        parsed = json.loads(arguments) if arguments.strip() else {}
-    except json.JSONDecodeError:
-        return None
-    return parsed if isinstance(parsed, dict) else None

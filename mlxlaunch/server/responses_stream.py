@@ -53,7 +53,8 @@ from mlxlaunch.protocol.openai_responses import (
     TextDeltaEvent,
     TextDoneEvent,
 )
-from mlxlaunch.server.responses_mapping import ToolNames, client_call_id, parse_arguments
+from mlxlaunch.server.call_arguments import model_arguments
+from mlxlaunch.server.responses_mapping import ToolNames, client_call_id
 
 log = logging.getLogger("mlxlaunch.server")
 
@@ -140,7 +141,11 @@ class ResponseStream:
         out: list[StreamEvent] = []
         if not self._started:
             self._start(out)
-        self._close(out)
+        try:
+            self._close(out)
+        except Exception:  # whatever failed the response must not stop its `response.failed`
+            log.exception("closing the open output item of a failed response")
+            self._open = None
         self.response.status = "failed"
         self.response.error = ResponseError(code=code, message=message)
         self._finished = True
@@ -237,7 +242,7 @@ class ResponseStream:
         if not streaming:
             self._open_call(out, event.id, event.name)
         if not self._streamed:
-            arguments = parse_arguments(event.arguments)
+            arguments = model_arguments(event.arguments)
             if arguments is None:
                 log.warning("tool call %s: arguments are not a JSON object; sending {}", event.name)
                 arguments = {}
@@ -276,7 +281,7 @@ class ResponseStream:
             )
             self._emit(out, self._summary_event("response.reasoning_summary_part.done"))
         else:
-            if parse_arguments(item.arguments) is None:  # the engine promises JSON; if not, {}
+            if model_arguments(item.arguments) is None:  # the engine promises JSON; if not, {}
                 log.warning("tool call %s: arguments are not a JSON object; sending {}", item.name)
                 item.arguments = "{}"
             self._emit(

@@ -359,7 +359,7 @@ def parse_verdicts(
     """The verdicts by tool_use id, or None when `text` is not a full answer."""
     try:
         answer = json.loads(text)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # model output: not JSON, a huge integer, too deep
         return None
     if not isinstance(answer, dict):
         return None
