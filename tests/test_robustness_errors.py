@@ -149,3 +149,110 @@ def test_an_unholdable_call_is_answered_on_all_three_apis(served: Served, argume
     served.scripted.enqueue("ok")
     again = served.openai.chat.completions.create(model="m", messages=history, tools=[CHAT_TOOL])
     assert again.choices[0].message.content == "ok"
+
+
+# --- item 8: history arguments past the request limits; a schema whose lexer explodes -------
+
+HOSTILE_ARGUMENTS = {
+    "huge-int": '{"n": ' + "7" * 5000 + "}",
+    "deep": '{"n": ' + _deep(100_000) + "}",
+}
+
+
+@pytest.mark.parametrize("arguments", list(HOSTILE_ARGUMENTS.values()), ids=list(HOSTILE_ARGUMENTS))
+def test_history_arguments_past_the_request_limits_are_a_400(
+    served: Served, arguments: str
+) -> None:
+    """As the same call inside a Messages body already is (its `input` is parsed with the
+    body, under protocol/limits.py); it was a 500 on Chat Completions and Responses."""
+    chat = {
+        "model": "m",
+        "messages": [
+            {"role": "user", "content": "go"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "t", "arguments": arguments},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "done"},
+        ],
+    }
+    responses = {
+        "model": "m",
+        "store": False,
+        "input": [
+            {"role": "user", "content": "go"},
+            {"type": "function_call", "call_id": "call_1", "name": "t", "arguments": arguments},
+            {"type": "function_call_output", "call_id": "call_1", "output": "done"},
+        ],
+    }
+    for path, body, field in (
+        ("/v1/chat/completions", chat, "messages.1.tool_calls.0.function.arguments"),
+        ("/v1/responses", responses, "input.1.arguments"),
+    ):
+        for stream in (False, True):
+            answer = served.post(path, {**body, "stream": stream})
+            assert answer.status_code == 400, (path, answer.text[:300])
+            error = answer.json()["error"]
+            assert error["type"] == "invalid_request_error" and field in error["message"]
+    messages = [
+        {"role": "user", "content": "go"},
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "toolu_1", "name": "t", "input": "__INPUT__"}],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "done"}],
+        },
+    ]
+    raw = json.dumps({"model": "m", "max_tokens": 4, "messages": messages})
+    answer = served.post("/v1/messages", raw.replace('"__INPUT__"', arguments).encode())
+    assert answer.status_code == 400 and answer.json()["error"]["type"] == "invalid_request_error"
+
+
+# A lexer that needs 2^101 states (it must remember which of the last 100 characters was an
+# `a`): admitted, then "too many states" on the worker once sampling explored it.
+EXPLODING = {"type": "object", "properties": {"a": {"type": "string", "pattern": "^.*a.{100}$"}}}
+
+
+def test_a_schema_whose_lexer_explodes_is_a_400_before_admission(served: Served) -> None:
+    strict_tool = {**ANTHROPIC_TOOL, "input_schema": EXPLODING, "strict": True}
+    chat_tool = {
+        "type": "function",
+        "function": {**FUNCTION, "parameters": EXPLODING, "strict": True},
+    }
+    responses_tool = {"type": "function", **FUNCTION, "parameters": EXPLODING, "strict": True}
+    user = [{"role": "user", "content": "go"}]
+    fmt = {"type": "json_schema", "schema": EXPLODING}
+    named_fmt = {"type": "json_schema", "name": "x", "schema": EXPLODING}
+    cases = [
+        ("/v1/messages", {"max_tokens": 8, "messages": user, "output_config": {"format": fmt}}),
+        ("/v1/messages", {"max_tokens": 8, "messages": user, "tools": [strict_tool]}),
+        (
+            "/v1/chat/completions",
+            {"messages": user, "tools": [chat_tool], "tool_choice": "required"},
+        ),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": user,
+                "response_format": {"type": "json_schema", "json_schema": named_fmt},
+            },
+        ),
+        ("/v1/responses", {"input": "go", "tools": [responses_tool], "store": False}),
+        ("/v1/responses", {"input": "go", "text": {"format": named_fmt}, "store": False}),
+    ]
+    admitted = len(served.scripted.requests)
+    for path, body in cases:
+        for stream in (False, True):
+            answer = served.post(path, {"model": "m", **body, "stream": stream})
+            assert answer.status_code == 400, (path, stream, answer.text[:300])
+            assert "pattern too complex" in answer.text and ".pattern" in answer.text
+    assert len(served.scripted.requests) == admitted  # none reached generation
