@@ -30,6 +30,7 @@ from mlxlaunch.protocol.limits import LARGE_BODY_BYTES
 from mlxlaunch.protocol.openai_responses import (
     InputItem,
     InputItemOrEasy,
+    OtherItem,
     OutputFunctionCall,
     OutputMessage,
     OutputReasoning,
@@ -221,7 +222,13 @@ class ResponsesApi:
     def _keep(self, turn: _Turn, response: ResponseObject) -> None:
         if turn.items is None or response.status == "failed":
             return
-        dumped = [i.model_dump(mode="json", by_alias=True, exclude_none=True) for i in turn.items]
+        # What the prompt is made of: items of types this server does not serve are skipped
+        # by the mapping, so they are not kept either (opaque fields are never dumped).
+        dumped = [
+            i.model_dump(mode="json", by_alias=True, exclude_none=True)
+            for i in turn.items
+            if not isinstance(i, OtherItem)
+        ]
         self.store.keep(response.id, [*dumped, *(as_input_item(o) for o in response.output)])
 
 
