@@ -116,7 +116,10 @@ class ResponsesApi:
             )
         )
         store = body.store is not False
-        if store:  # its continuation reuses this conversation: keep its KV
+        # Pinned only for a client that continues by id (it sent previous_response_id): a
+        # stored answer is OpenAI's default, and most are never continued (Codex sends
+        # store: false and resends its history). Pins never outrank the main session.
+        if store and body.previous_response_id:
             gen = replace(gen, pin_prefix_s=self.store.pin_s)
         stream = ResponseStream(_echo(body, response_id, store), names)
         turn = _Turn(response_id, body.model, items if store else None, time.monotonic())
