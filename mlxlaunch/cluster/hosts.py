@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Literal
 
 from mlxlaunch.errors import ConfigError
+from mlxlaunch.loopback import is_loopback
 
 Backend = Literal["ring", "jaccl"]
 Parallel = Literal["auto", "tensor", "pipeline"]
@@ -205,16 +206,6 @@ def is_local(host: str) -> bool:
     """`mlx.launch` starts this host's rank as a local process, without ssh (its own rule:
     the literal 127.0.0.1; see the module docstring)."""
     return host == LOCAL_HOST
-
-
-def is_loopback(host: str) -> bool:
-    """A name for this machine's loopback interface (`localhost`, `::1`, `127.0.0.2`)."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _is_ip(host: str) -> bool:
