@@ -12,6 +12,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from mlxlaunch.blas import use_optimised_blas
 from mlxlaunch.cli import bench, completions, config, dash, doctor, launch, models, ps, serve
@@ -72,9 +73,10 @@ def main(argv: list[str] | None = None, *, overrides: Overrides | None = None) -
     except MlxLaunchError as exc:
         if debug:
             raise
-        _err.print(f"[bold red]error:[/] {exc.message}", highlight=False)
+        # Messages carry what users, files and other hosts wrote: shown as text, not markup.
+        _err.print(f"[bold red]error:[/] {escape(exc.message)}", highlight=False)
         if exc.hint:
-            _err.print(f"[dim]hint:[/] {exc.hint}", highlight=False)
+            _err.print(f"[dim]hint:[/] {escape(exc.hint)}", highlight=False)
         return exc.exit_code
     except typer.Exit as exc:
         return exc.exit_code
@@ -91,7 +93,10 @@ def main(argv: list[str] | None = None, *, overrides: Overrides | None = None) -
             return code
         if debug:
             raise
-        _err.print(f"[bold red]internal error:[/] {type(exc).__name__}: {exc}", highlight=False)
+        _err.print(
+            f"[bold red]internal error:[/] {type(exc).__name__}: {escape(str(exc))}",
+            highlight=False,
+        )
         _err.print("[dim]run again with --debug for the traceback[/]")
         return 70
     return result if isinstance(result, int) else 0

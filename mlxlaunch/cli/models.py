@@ -7,7 +7,6 @@ Every command is a thin shell over `mlxlaunch.store`; failures are typed errors 
 from __future__ import annotations
 
 import json
-import shlex
 import shutil
 import subprocess
 import sys
@@ -29,7 +28,14 @@ from mlxlaunch.cli.model_views import (
 )
 from mlxlaunch.cli.options import MODEL_METAVAR, JsonOption
 from mlxlaunch.cluster.architecture import parallel_mode
-from mlxlaunch.cluster.hosts import PARALLEL_MODES, is_local, parse_hosts, read_hostfile
+from mlxlaunch.cluster.hosts import (
+    PARALLEL_MODES,
+    is_local,
+    parse_hosts,
+    read_hostfile,
+    ssh_argv,
+)
+from mlxlaunch.cluster.remote_text import printable
 from mlxlaunch.errors import ConfigError, MlxLaunchError, ModelNotFound
 from mlxlaunch.launch.models import is_test_model_name, notice_for_test_model, offline_model_dir
 from mlxlaunch.store import (
@@ -295,13 +301,13 @@ def _remote_pull_argv(
         raise ConfigError("ssh is not installed: it starts the pulls on the other hosts")
     # COLUMNS: its lines are shown here under the host's name, not wrapped at 80.
     command = ["env", "COLUMNS=160", python or sys.executable, "-m", "mlxlaunch", "models"]
-    command += ["pull", name]
-    command += ["--revision", commit]
+    command += ["pull", "--revision", commit]
     if force:
         command.append("--force")
     if shard is not None:
         command += ["--shard", shard.label]
-    return [ssh, "-o", "BatchMode=yes", host, shlex.join(command)]
+    command += ["--", name]  # the name is never read as an option there
+    return ssh_argv(host, command, ("-o", "BatchMode=yes"), ssh=ssh)
 
 
 def _start_remote(
@@ -327,7 +333,7 @@ def _show_remote(host: str, proc: subprocess.Popen[str], failures: dict[str, str
     assert proc.stdout is not None
     with proc.stdout:
         for line in proc.stdout:
-            if line := line.rstrip():
+            if line := printable(line.rstrip()):  # another machine's text: no escapes
                 tail = line
                 _err.print(Text.assemble((f"{host}: ", "dim"), line))
     code = proc.wait()

@@ -118,7 +118,9 @@ class ReasoningItem(ResponsesWire):
     type: Literal["reasoning"]
     summary: list[SummaryText] = Field(default_factory=list)
     content: list[SummaryText] | None = None
-    encrypted_content: str | None = None
+    # Another server's: no prompt uses it, so it is never dumped (a stored response keeps
+    # only what its prompt is made of, server/response_store.py).
+    encrypted_content: Annotated[str | None, Field(exclude=True)] = None
     id: str | None = None
 
 

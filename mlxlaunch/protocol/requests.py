@@ -94,12 +94,16 @@ class ThinkingBlock(WireModel):
     type: Literal["thinking"]
     thinking: Annotated[str, Field(strict=True)]
     # Opaque to us; clients echo back what we sent, other servers' signatures are meaningless.
-    signature: str = ""
+    # `exclude`: never dumped, so a stored conversation (server/threads.py) keeps only what
+    # its prompt is made of, not a client's megabytes of signature.
+    signature: Annotated[str, Field(exclude=True)] = ""
 
 
 class RedactedThinkingBlock(WireModel):
     type: Literal["redacted_thinking"]
-    data: Annotated[str, Field(strict=True)]
+    # Another server's encrypted reasoning: no prompt uses it (server/mapping.py skips the
+    # block), so it is never dumped, never stored.
+    data: Annotated[str, Field(strict=True, exclude=True)] = ""
 
 
 ContentBlock = Annotated[

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mlxlaunch.errors import ConfigError
+from mlxlaunch.loopback import is_loopback
 from mlxlaunch.protocol.errors import ErrorType, error_body
 from mlxlaunch.protocol.limits import MAX_BODY_BYTES
 
@@ -71,17 +72,6 @@ class HttpLimits:
 
 
 # --- exposure ------------------------------------------------------------------------------
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` (a name or address, no port) is this machine's loopback."""
-    name = host.strip().strip("[]").rstrip(".").lower()
-    if name == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
 
 
 def check_exposure(host: str, *, auth_token: str | None, allow_remote: bool) -> None:

@@ -30,6 +30,7 @@ from mlxlaunch.protocol.limits import LARGE_BODY_BYTES
 from mlxlaunch.protocol.openai_responses import (
     InputItem,
     InputItemOrEasy,
+    OtherItem,
     OutputFunctionCall,
     OutputMessage,
     OutputReasoning,
@@ -115,7 +116,10 @@ class ResponsesApi:
             )
         )
         store = body.store is not False
-        if store:  # its continuation reuses this conversation: keep its KV
+        # Pinned only for a client that continues by id (it sent previous_response_id): a
+        # stored answer is OpenAI's default, and most are never continued (Codex sends
+        # store: false and resends its history). Pins never outrank the main session.
+        if store and body.previous_response_id:
             gen = replace(gen, pin_prefix_s=self.store.pin_s)
         stream = ResponseStream(_echo(body, response_id, store), names)
         turn = _Turn(response_id, body.model, items if store else None, time.monotonic())
@@ -221,7 +225,13 @@ class ResponsesApi:
     def _keep(self, turn: _Turn, response: ResponseObject) -> None:
         if turn.items is None or response.status == "failed":
             return
-        dumped = [i.model_dump(mode="json", by_alias=True, exclude_none=True) for i in turn.items]
+        # What the prompt is made of: items of types this server does not serve are skipped
+        # by the mapping, so they are not kept either (opaque fields are never dumped).
+        dumped = [
+            i.model_dump(mode="json", by_alias=True, exclude_none=True)
+            for i in turn.items
+            if not isinstance(i, OtherItem)
+        ]
         self.store.keep(response.id, [*dumped, *(as_input_item(o) for o in response.output)])
 
 
