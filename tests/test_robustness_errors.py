@@ -256,3 +256,118 @@ def test_a_schema_whose_lexer_explodes_is_a_400_before_admission(served: Served)
             assert answer.status_code == 400, (path, stream, answer.text[:300])
             assert "pattern too complex" in answer.text and ".pattern" in answer.text
     assert len(served.scripted.requests) == admitted  # none reached generation
+
+
+# --- item 9: what a client chose is bounded where it is echoed or logged ---------------------
+
+
+def test_a_huge_previous_response_id_is_a_short_400(served: Served) -> None:
+    huge = "resp_" + "x" * (4 << 20)
+    answer = served.post(
+        "/v1/responses", {"model": "m", "input": "go", "previous_response_id": huge}
+    )
+    assert answer.status_code == 400
+    assert len(answer.content) < 2_000  # was the 4 MB id, echoed
+    error = answer.json()["error"]
+    assert error["type"] == "invalid_request_error" and "previous_response_id" in error["message"]
+    unknown = served.post(
+        "/v1/responses", {"model": "m", "input": "go", "previous_response_id": "resp_" + "x" * 200}
+    )
+    assert (
+        unknown.status_code == 400
+        and unknown.json()["error"]["code"] == "previous_response_not_found"
+    )
+
+
+def test_tools_inside_namespaces_count_toward_the_tool_limit(served: Served) -> None:
+    from mlxlaunch.protocol.limits import MAX_TOOLS
+
+    def namespace(name: str, count: int) -> dict[str, Any]:
+        members = [{"type": "function", "name": f"f{i}"} for i in range(count)]
+        return {"type": "namespace", "name": name, "tools": members}
+
+    for tools in (
+        [namespace("a", MAX_TOOLS + 1)],
+        [namespace("a", MAX_TOOLS // 2 + 1), namespace("b", MAX_TOOLS // 2)],
+        [namespace("a", MAX_TOOLS), RESPONSES_TOOL],
+    ):
+        answer = served.post("/v1/responses", {"model": "m", "input": "go", "tools": tools})
+        assert answer.status_code == 400, answer.text[:300]
+        assert f"at most {MAX_TOOLS}" in answer.json()["error"]["message"]
+    served.scripted.enqueue("ok")
+    fits = served.post(
+        "/v1/responses",
+        {"model": "m", "input": "go", "store": False, "tools": [namespace("a", MAX_TOOLS)]},
+    )
+    assert fits.status_code == 200, fits.text[:300]
+
+
+def test_client_chosen_strings_reach_the_log_bounded(served: Served, tmp_path: Path) -> None:
+    """One request's 22 MB `type` was logged whole; here 2 MB, in every place a type or a
+    name reaches a log line on the three APIs."""
+    from mlxlaunch.launch.server_log import logging_to
+
+    big = "T" * (2 << 20)
+    log_file = tmp_path / "server.log"
+    with logging_to(log_file):
+        served.scripted.enqueue("ok")
+        served.post(
+            "/v1/responses",
+            {
+                "model": "m",
+                "store": False,
+                "tools": [
+                    {"type": big},
+                    {"type": "namespace", "name": "n", "tools": [{"type": big}]},
+                ],
+                "input": [
+                    {"type": big},
+                    {
+                        "role": "user",
+                        "content": [{"type": big}, {"type": "input_text", "text": "go"}],
+                    },
+                ],
+            },
+        )
+        served.scripted.enqueue("ok")
+        served.post(
+            "/v1/chat/completions",
+            {
+                "model": "m",
+                "messages": [{"role": "user", "content": "go"}],
+                "tools": [{"type": big}],
+            },
+        )
+        for body in (
+            {
+                "model": "m",
+                "max_tokens": 4,
+                "messages": [{"role": "user", "content": [{"type": big}]}],
+            },
+            {"model": "m", "messages": [{"role": "user", "content": [{"type": big}]}]},
+        ):
+            for path in ("/v1/messages", "/v1/chat/completions", "/v1/responses"):
+                served.post(path, body)  # refused: the type is unknown (or the body is wrong)
+    assert log_file.stat().st_size < 64_000, log_file.stat().st_size
+    assert "chars)" in log_file.read_text()  # shortened, saying so
+
+
+def test_a_refusal_is_one_log_line_on_every_api(
+    served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    caplog.set_level(logging.INFO, logger="mlxlaunch.server")
+    for path in ("/v1/messages", "/v1/chat/completions", "/v1/responses"):
+        for body in (b"{nope", {"model": "m", "max_tokens": -1, "input": 5, "messages": 5}):
+            caplog.clear()
+            assert served.post(path, body).status_code == 400
+            lines = [r.getMessage() for r in caplog.records if r.name == "mlxlaunch.server"]
+            refused = [
+                line for line in lines if line.startswith(f"POST {path} refused: status=400 ")
+            ]
+            assert len(refused) == 1, (path, lines)
+    caplog.clear()
+    unauthorized = httpx.post(served.server.url + "/v1/responses", json={}, timeout=30)
+    assert unauthorized.status_code == 401
+    assert any("refused: status=401" in r.getMessage() for r in caplog.records)

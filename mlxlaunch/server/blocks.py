@@ -43,7 +43,7 @@ from mlxlaunch.protocol.events import (
     TextDeltaPart,
     ThinkingDeltaPart,
 )
-from mlxlaunch.protocol.limits import MAX_NAME_CHARS
+from mlxlaunch.protocol.limits import shown
 from mlxlaunch.protocol.responses import (
     Message,
     ResponseTextBlock,
@@ -308,7 +308,7 @@ def tool_input(arguments: str, name: str) -> dict[str, Any]:
     parsed = model_arguments(arguments)
     if parsed is None:
         log.warning("tool call %s: arguments are not a JSON object we can send; sending {}",
-                    name[:MAX_NAME_CHARS])  # fmt: skip
+                    shown(name))  # fmt: skip
         return {}
     return parsed
 

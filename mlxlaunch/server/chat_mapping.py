@@ -29,6 +29,7 @@ from mlxlaunch.engine.types import (
     ToolChoice,
     ToolSpec,
 )
+from mlxlaunch.protocol.limits import shown
 from mlxlaunch.protocol.openai_chat import (
     AssistantMessage,
     AudioPart,
@@ -162,8 +163,8 @@ def offered_tools(tools: Iterable[ChatTool], request_id: str) -> list[ToolSpec]:
     specs: list[ToolSpec] = []
     for tool in tools:
         if not tool.is_function or tool.function is None:
-            log.info("%s: ignoring a tool of type %r (only function tools are offered)",
-                     request_id, tool.type)  # fmt: skip
+            log.info("%s: ignoring a tool of type %s (only function tools are offered)",
+                     request_id, shown(repr(tool.type)))  # fmt: skip
             continue
         function = tool.function
         parameters = function.parameters or {"type": "object", "properties": {}}

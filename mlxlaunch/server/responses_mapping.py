@@ -29,6 +29,7 @@ from mlxlaunch.engine.types import (
     ToolChoice,
     ToolSpec,
 )
+from mlxlaunch.protocol.limits import shown_names
 from mlxlaunch.protocol.openai_responses import (
     ContentPart,
     FunctionCallItem,
@@ -103,7 +104,7 @@ def function_tools(body: ResponsesRequest) -> tuple[list[ToolSpec], ToolNames]:
         else:
             ignored.append(tool.type or "?")
     if ignored:
-        log.info("responses: tool types not served, ignored: %s", ", ".join(sorted(set(ignored))))
+        log.info("responses: tool types not served, ignored: %s", shown_names(ignored))
     names = ToolNames()
     specs: list[ToolSpec] = []
     taken = {tool.name for tool in top}
@@ -317,5 +318,5 @@ def conversation(
     built._end_assistant()
     built.close_results()
     if built.ignored:
-        log.info("responses: input items not served, ignored: %s", ", ".join(sorted(built.ignored)))
+        log.info("responses: input items not served, ignored: %s", shown_names(built.ignored))
     return built.out

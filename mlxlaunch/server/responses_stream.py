@@ -30,6 +30,7 @@ from mlxlaunch.engine.types import (
     ToolInputDelta,
 )
 from mlxlaunch.engine.types import Usage as EngineUsage
+from mlxlaunch.protocol.limits import shown
 from mlxlaunch.protocol.openai_responses import (
     ArgumentsDeltaEvent,
     ArgumentsDoneEvent,
@@ -244,7 +245,9 @@ class ResponseStream:
         if not self._streamed:
             arguments = model_arguments(event.arguments)
             if arguments is None:
-                log.warning("tool call %s: arguments are not a JSON object; sending {}", event.name)
+                log.warning(
+                    "tool call %s: arguments are not a JSON object; sending {}", shown(event.name)
+                )
                 arguments = {}
             self._arguments(out, json.dumps(arguments, ensure_ascii=False))
         self._close(out)
@@ -282,7 +285,9 @@ class ResponseStream:
             self._emit(out, self._summary_event("response.reasoning_summary_part.done"))
         else:
             if model_arguments(item.arguments) is None:  # the engine promises JSON; if not, {}
-                log.warning("tool call %s: arguments are not a JSON object; sending {}", item.name)
+                log.warning(
+                    "tool call %s: arguments are not a JSON object; sending {}", shown(item.name)
+                )
                 item.arguments = "{}"
             self._emit(
                 out,
