@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from mlxlaunch.protocol import limits
+from mlxlaunch.protocol.json_schema import JsonSchema
 
 
 class ResponsesWire(BaseModel):
@@ -158,7 +159,7 @@ class FunctionTool(ResponsesWire):
     type: Literal["function"]
     name: Annotated[str, Field(strict=True, min_length=1, max_length=limits.MAX_NAME_CHARS)]
     description: str | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: JsonSchema | None = None
     strict: bool | None = None
 
 
@@ -216,7 +217,7 @@ ToolChoiceObject = Annotated[
 class JsonSchemaTextFormat(ResponsesWire):
     type: Literal["json_schema"]
     name: str | None = None
-    json_schema: dict[str, Any] = Field(alias="schema")
+    json_schema: JsonSchema = Field(alias="schema")
     strict: bool | None = None
 
 
