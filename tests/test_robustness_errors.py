@@ -9,24 +9,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import anthropic
 import httpx
-import openai
 import pytest
-from engine_helpers import served_engine
+from engine_helpers import ScriptedServer as Served
+from engine_helpers import scripted_server
 
 from mlxlaunch.engine.output.parser import INCOMPLETE_KEY
-from mlxlaunch.server.runner import ServerHandle
-from mlxlaunch.testing.scripted import ScriptedOutput
 
 pytestmark = pytest.mark.slow  # every test here serves a model
 
 TOKEN = "errors-token"
-HEADERS = {"authorization": f"Bearer {TOKEN}", "content-type": "application/json"}
 SCHEMA: dict[str, Any] = {"type": "object", "properties": {"n": {}}}
 ANTHROPIC_TOOL = {"name": "t", "description": "d", "input_schema": SCHEMA}
 FUNCTION = {"name": "t", "description": "d", "parameters": SCHEMA}
@@ -34,29 +29,10 @@ CHAT_TOOL = {"type": "function", "function": FUNCTION}
 RESPONSES_TOOL = {"type": "function", **FUNCTION}
 
 
-@dataclass
-class Served:
-    server: ServerHandle
-    scripted: ScriptedOutput
-
-    @property
-    def anthropic(self) -> anthropic.Anthropic:
-        return anthropic.Anthropic(base_url=self.server.url, api_key=TOKEN, max_retries=0)
-
-    @property
-    def openai(self) -> Any:  # untyped: tests send loose dicts
-        return openai.OpenAI(base_url=self.server.url + "/v1", api_key=TOKEN, max_retries=0)
-
-    def post(self, path: str, body: bytes | dict[str, Any]) -> httpx.Response:
-        content = body if isinstance(body, bytes) else json.dumps(body).encode()
-        return httpx.post(self.server.url + path, content=content, headers=HEADERS, timeout=300)
-
-
 @pytest.fixture(scope="module")
 def served(tiny_model_dir: Path) -> Iterator[Served]:
-    scripted = ScriptedOutput()
-    with served_engine(tiny_model_dir, TOKEN, logits_hook=scripted) as (_, handle):
-        yield Served(handle, scripted)
+    with scripted_server(tiny_model_dir, TOKEN) as server:
+        yield server
 
 
 def qwen_call(arguments: str) -> str:
