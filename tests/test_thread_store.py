@@ -27,8 +27,10 @@ def _reply(number: int, text: str) -> Message:
 
 
 def _code(exc: pytest.ExceptionInfo[ApiError]) -> str:
-    assert exc.value.status == 400 and exc.value.details is not None
-    return str(exc.value.details["error_code"])
+    assert exc.value.details is not None
+    code = str(exc.value.details["error_code"])
+    assert exc.value.status == (404 if code == "thread_not_found" else 400)
+    return code
 
 
 def _continue(tip: str) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from mlxlaunch.protocol import limits
+from mlxlaunch.protocol.json_schema import JsonSchema
 from mlxlaunch.protocol.safeguards import Safeguards
 from mlxlaunch.protocol.threads import MessageThread
 
@@ -147,7 +148,7 @@ class Tool(WireModel):
     type: str | None = None
     name: Name
     description: str = ""
-    input_schema: dict[str, Any] | None = None
+    input_schema: JsonSchema | None = None
     strict: bool = False
 
     @property
@@ -209,7 +210,7 @@ ThinkingConfig = Annotated[
 class JsonSchemaFormat(WireModel):
     type: Literal["json_schema"]
     # `schema` would shadow a BaseModel attribute; keep the wire name as the alias.
-    json_schema: dict[str, Any] = Field(alias="schema")
+    json_schema: JsonSchema = Field(alias="schema")
 
 
 class OutputConfig(WireModel):

@@ -359,7 +359,10 @@ class RequestGuard:
             )
         declared = _header(scope, b"content-length")
         if declared is not None:
-            if not declared.strip().isdigit():
+            # ASCII digits only (`isdigit` takes "²", which int() refuses), and few enough
+            # that int() converts them (a 5,000-digit header was a ValueError, a 500).
+            digits = declared.strip()
+            if not (digits.isascii() and digits.isdigit() and len(digits) <= 20):
                 raise _Refused("invalid_request_error", "bad content-length header", 400)
             if int(declared) > self.limits.max_body_bytes:
                 raise _Refused("request_too_large", _too_large(self.limits), 413)

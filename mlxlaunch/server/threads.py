@@ -8,7 +8,7 @@ tools, messages and the reply — is kept under the reply's message id. A reques
 messages, with the thread's system and tools, and runs the whole of it; its reply becomes the
 thread's new tip. Threads are linear, as Anthropic's are: a reply continues once.
 
-What the store cannot serve is a 400 whose `error.details.error_code` the SDKs act on
+What the store cannot serve is an error whose `error.details.error_code` the SDKs act on
 (`thread_not_found` and friends: replay the full history under a new thread;
 `thread_unsupported_request`: stop threading), so a lost thread costs a resend, never a turn.
 
@@ -34,7 +34,7 @@ from typing import Any
 
 from mlxlaunch.protocol.requests import MessagesRequest
 from mlxlaunch.protocol.responses import Message
-from mlxlaunch.protocol.threads import ThreadContinue, ThreadErrorCode
+from mlxlaunch.protocol.threads import THREAD_ERRORS, ThreadContinue, ThreadErrorCode
 from mlxlaunch.server.conversation_files import ConversationFiles, ThreadLimits
 from mlxlaunch.server.errors import ApiError
 
@@ -88,8 +88,10 @@ class ThreadTurn:
 
 
 def thread_error(code: ThreadErrorCode, message: str, **details: Any) -> ApiError:
-    """The 400 the SDKs read `error.details.error_code` from."""
-    return ApiError("invalid_request_error", message, details={"error_code": code, **details})
+    """The error the SDKs read `error.details.error_code` from, with its type and status
+    (`THREAD_ERRORS`)."""
+    error_type, status = THREAD_ERRORS[code]
+    return ApiError(error_type, message, status=status, details={"error_code": code, **details})
 
 
 def _dump(items: list[Any] | None) -> list[dict[str, Any]] | None:
