@@ -14,7 +14,7 @@ _mlx_node() {
         "config set") children="" flags="--debug -h --help" models="" paths="" texts="" arg="text" ;;
         "config show") children="" flags="--json --debug -h --help" models="" paths="" texts="" arg="" ;;
         "config unset") children="" flags="--debug -h --help" models="" paths="" texts="" arg="text" ;;
-        "dash") children="" flags="--debug -h --help" models="" paths="" texts="--url --token --retry" arg="" ;;
+        "dash") children="" flags="--once --debug -h --help" models="" paths="" texts="--url --token --retry" arg="" ;;
         "doctor") children="" flags="--json --debug -h --help" models="" paths="--hostfile" texts="--claude-bin --hosts --model --backend --parallel" arg="" ;;
         "launch") children="claude codex opencode" flags="--debug -h --help" models="" paths="" texts="" arg="" ;;
         "launch claude") children="" flags="--debug-cache --safeguards --no-safeguards --preload --install-claude --yes -y --verbose -v --print-env --debug -h --help" models="--model -m" paths="--cache-dir --hostfile" texts="--small-model --port --context-length --max-output-tokens --keep-alive --max-concurrency --idle-clear --memory-fraction --cache-memory --cache-disk --tool-format --render --hosts --backend --parallel --claude-bin --env -e --url --token" arg="text" ;;

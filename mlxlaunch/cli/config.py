@@ -10,9 +10,9 @@ import json
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from mlxlaunch.cli.consoles import stdout_console
 from mlxlaunch.cli.options import JsonOption
 from mlxlaunch.config import KEYS, config_path, load_config, set_value, unset_value
 
@@ -106,4 +106,4 @@ def config_show(as_json: JsonOption = False) -> None:
     for key, spec in KEYS.items():
         value = loaded.get(key)
         table.add_row(key, "-" if value is None else str(value), spec.help)
-    Console().print(table)
+    stdout_console().print(table)

@@ -30,6 +30,7 @@ from mlxlaunch.cli.cluster_options import (
     HostsOption,
     ParallelOption,
 )
+from mlxlaunch.cli.consoles import stderr_console
 from mlxlaunch.cli.options import model_option
 from mlxlaunch.cli.scheduler_options import (
     DEFAULT_IDLE_CLEAR,
@@ -72,7 +73,7 @@ launch_app = typer.Typer(
     no_args_is_help=True,
 )
 
-_console = Console(stderr=True)
+_console = stderr_console()
 
 CLAUDE_HELP = f"""Run Claude Code against a local model.
 

@@ -13,12 +13,12 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.text import Text
 
+from mlxlaunch.cli.consoles import stderr_console, stdout_console
 from mlxlaunch.cli.model_views import (
     catalog_json,
     info_fields,
@@ -32,30 +32,29 @@ from mlxlaunch.cluster.architecture import parallel_mode
 from mlxlaunch.cluster.hosts import PARALLEL_MODES, is_local, parse_hosts, read_hostfile
 from mlxlaunch.errors import ConfigError, MlxLaunchError, ModelNotFound
 from mlxlaunch.launch.models import is_test_model_name, notice_for_test_model, offline_model_dir
-from mlxlaunch.store import (
-    CATALOG,
+from mlxlaunch.store.catalog import CATALOG, catalog_entry, recommend
+from mlxlaunch.store.facts import read_facts
+from mlxlaunch.store.inventory import (
     LocalModel,
-    catalog_entry,
-    execute_removal,
     find_local,
     list_models,
-    plan_pull,
-    plan_removal,
-    pull,
-    read_facts,
-    recommend,
-    register_local,
+    local_model_names,
     snapshot_complete,
 )
 from mlxlaunch.store.memory import GIB, format_bytes, memory_fit
-from mlxlaunch.store.progress import RichPullProgress
-from mlxlaunch.store.pull import PullPlan
+from mlxlaunch.store.registry import register_local
 from mlxlaunch.store.shards import (
     ShardSpec,
     layer_range,
     parse_shard,
     pipeline_split,
 )
+
+if TYPE_CHECKING:
+    from mlxlaunch.store.pull import PullPlan
+
+# Pulling and removing need the hub client (huggingface_hub, httpx: ~0.3 s to import): they
+# are imported by the commands that use them, so `mlx --help` and completion do not wait.
 
 models_app = typer.Typer(
     name="models",
@@ -72,7 +71,7 @@ models_app = typer.Typer(
 
 TEST_MODEL_NOTE = "test model: built offline on first use, nothing to download or pull"
 
-_err = Console(stderr=True)
+_err = stderr_console()
 
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
 MemoryOpt = Annotated[
@@ -188,6 +187,9 @@ def _pull_here(
     name: str, revision: str | None, force: bool, shard: ShardSpec | None, where: str = ""
 ) -> None:
     """Plan, report and run one pull into this machine's cache (of `shard`'s ranks only)."""
+    from mlxlaunch.store.progress import RichPullProgress
+    from mlxlaunch.store.pull import plan_pull, pull
+
     plan = plan_pull(name, revision=revision, shard=shard)
     label = plan.alias or plan.repo_id
     lead = f"{where}: " if where else ""
@@ -234,6 +236,8 @@ def _pull_on_hosts(
 ) -> None:
     """Pull on every host of a cluster at once; any host's failure is reported by its name
     and makes the command exit non-zero once all have finished."""
+    from mlxlaunch.store.pull import plan_pull
+
     if hosts is not None and hostfile is not None:
         raise ConfigError("give --hosts or --hostfile, not both")
     names = read_hostfile(hostfile)[0] if hostfile is not None else parse_hosts(hosts or "")
@@ -354,18 +358,18 @@ def list_command(
 
       mlx models list --names
     """
+    if names:  # what shell completion runs on every TAB: names only, no weights read
+        for name in local_model_names():
+            typer.echo(name)
+        return
     models = list_models()
     if as_json:
         typer.echo(json.dumps([m.as_json() for m in models], indent=2))
         return
-    if names:
-        for model in models:
-            typer.echo(model.name)
-        return
     if not models:
         _err.print("No local models. Try: mlx models recommend")
         return
-    print_local_models(Console(), models)
+    print_local_models(stdout_console(), models)
 
 
 def _require(name: str) -> LocalModel:
@@ -428,7 +432,7 @@ def info_command(name: ModelArg, as_json: JsonOption = False) -> None:
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
-    print_info(Console(), heading, fields)
+    print_info(stdout_console(), heading, fields)
 
 
 @models_app.command("rm", short_help="Remove a local model and free its files.")
@@ -441,6 +445,8 @@ def rm_command(name: ModelArg, yes: YesOpt = False) -> None:
 
       mlx models rm my-model --yes
     """
+    from mlxlaunch.store.remove import execute_removal, plan_removal
+
     removal = plan_removal(name)
     what = (
         f"delete {removal.name} ({format_bytes(removal.freed_bytes)}) from {removal.target}"
@@ -489,7 +495,7 @@ def catalog_command(as_json: JsonOption = False) -> None:
     if as_json:
         typer.echo(json.dumps(catalog_json(CATALOG), indent=2))
         return
-    print_catalog(Console(), CATALOG)
+    print_catalog(stdout_console(), CATALOG)
 
 
 def recommendation_json(memory: int | None, kind: str | None) -> dict[str, Any]:

@@ -13,13 +13,13 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 from rich.text import Text
 
+from mlxlaunch.cli.consoles import stderr_console, stdout_console
 from mlxlaunch.cli.layout import Column, Record, print_report
 from mlxlaunch.cli.options import JsonOption
 from mlxlaunch.dash.snapshot import human_duration
@@ -34,9 +34,11 @@ from mlxlaunch.launch.processes import (
     select_servers,
     stop_server,
 )
-from mlxlaunch.protocol.stats import StatsSnapshot
 from mlxlaunch.runstate import RunState
 from mlxlaunch.store.memory import format_bytes
+
+if TYPE_CHECKING:
+    from mlxlaunch.protocol.stats import StatsSnapshot
 
 # Long enough for an idle server on a loaded laptop, short enough that `mlx ps` feels instant.
 STATS_TIMEOUT_S = 0.5
@@ -72,9 +74,9 @@ Examples:
   mlx stop --all
 """
 
-_err = Console(stderr=True)
+_err = stderr_console()
 
-Stats = Callable[[RunState], StatsSnapshot | None]
+Stats = Callable[[RunState], "StatsSnapshot | None"]
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,9 @@ class ServerRow:
 def fetch_stats(state: RunState, timeout: float = STATS_TIMEOUT_S) -> StatsSnapshot | None:
     """The server's stats snapshot, or None when it does not answer in time (or at all)."""
     import httpx
+    from pydantic import ValidationError
+
+    from mlxlaunch.protocol.stats import StatsSnapshot
 
     if not state.url:
         return None
@@ -204,7 +209,7 @@ def ps(as_json: JsonOption = False) -> None:
     if not rows:
         _err.print("no mlx servers running (start one: mlx launch claude, or mlx serve)")
         return
-    print_servers(Console(), rows)
+    print_servers(stdout_console(), rows)
 
 
 def _choose(ambiguous: WhichServer) -> list[RunState]:
