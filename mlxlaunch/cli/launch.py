@@ -53,7 +53,7 @@ from mlxlaunch.launch.claude_install import find_or_install
 from mlxlaunch.launch.integrations import CLAUDE, CODEX, OPENCODE, Integration
 from mlxlaunch.launch.node import NODE_FIX, node_facts, node_problem, runs_under_node
 from mlxlaunch.launch.terminal_check import check_claude_can_start
-from mlxlaunch.store.catalog import recommend
+from mlxlaunch.store.catalog import catalog_entry, recommend
 from mlxlaunch.store.compute import this_machine
 from mlxlaunch.store.memory import format_bytes
 
@@ -96,22 +96,35 @@ Examples:
 """
 
 
-def _offer_pull(console: Console, yes: bool) -> bool:
-    """Pull the recommended model if the user agrees (or said --yes); True when pulled."""
-    entry = recommend()
-    if entry is None or not (yes or sys.stdin.isatty()):
+def _offer_pull(console: Console, yes: bool, name: str | None) -> bool:
+    """Pull `name` (None: the recommended model) if the user agrees, or said --yes; True when
+    pulled. Without a terminal and without --yes nothing is asked and nothing pulled."""
+    if not (yes or sys.stdin.isatty()):
         return False
-    question = (
-        f"No model is downloaded. Pull the recommended {entry.alias} ({entry.repo_id}, "
-        f"{format_bytes(entry.size_bytes)} download, suits {this_machine().describe()})?"
-    )
+    if name is None:
+        entry = recommend()
+        if entry is None:
+            return False
+        name = entry.alias
+        question = (
+            f"No model is downloaded. Pull the recommended {entry.alias} ({entry.repo_id}, "
+            f"{format_bytes(entry.size_bytes)} download, suits {this_machine().describe()})?"
+        )
+    else:
+        known = catalog_entry(name)
+        what = (
+            f"{known.repo_id}, {format_bytes(known.size_bytes)} download"
+            if known
+            else "from the hub"
+        )
+        question = f"{name} is not downloaded. Pull it now ({what})?"
     # No by default: a stray Enter must not start a download of gigabytes.
     if not yes and not typer.confirm(question, default=False, err=True):
         return False
     from mlxlaunch.store.progress import RichPullProgress
     from mlxlaunch.store.pull import plan_pull, pull
 
-    pull(plan_pull(entry.alias), progress=RichPullProgress(console, label=entry.alias))
+    pull(plan_pull(name), progress=RichPullProgress(console, label=name))
     return True
 
 
@@ -328,7 +341,7 @@ def _run(
         agent,
         options,
         console=_console,
-        offer_pull=lambda: _offer_pull(_console, a.yes),
+        offer_pull=lambda name: _offer_pull(_console, a.yes, name),
         logits_hook=given.logits_hook,
         rank_command=given.rank_command,
     )

@@ -13,8 +13,10 @@ A command is built exactly as the root app would build it (the same Typer settin
 from __future__ import annotations
 
 import importlib
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
+from difflib import get_close_matches
 from typing import Any
 
 import typer
@@ -64,6 +66,21 @@ def _no_options() -> None:
 
 _TABLE: dict[str, LazyCommand] = {}
 
+# Words people bring from Ollama (and from `hf`): what `mlx` calls each, with the first words
+# of the command line to suggest (the user's own words follow).
+HABITS = {
+    "pull": "models pull",
+    "list": "models list",
+    "ls": "models list",
+    "rm": "models rm",
+    "show": "models info",
+    "info": "models info",
+    "recommend": "models recommend",
+    "catalog": "models catalog",
+    "run": "launch claude --model",
+    "chat": "launch claude --model",
+}
+
 
 def register(entry: LazyCommand) -> None:
     """Add `entry` to `mlx` (cli/main.py's table calls this, and nothing else does)."""
@@ -89,6 +106,16 @@ class LazyGroup(TyperGroup):
             self.commands[cmd_name] = _TABLE[cmd_name].build()
         return self.commands.get(cmd_name)
 
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        """The command `args` start with; an unknown one is a usage error that says what to
+        type instead: the `mlx` spelling of an Ollama habit, or the commands it is close to."""
+        try:
+            return super().resolve_command(ctx, args)
+        except Exception as exc:  # click's UsageError (Typer vendors click: known by shape)
+            if args and isinstance(getattr(exc, "message", None), str):
+                exc.message = unknown_command_message(args, self.list_commands(ctx))  # type: ignore[attr-defined]
+            raise
+
     def format_commands(self, ctx: Any, formatter: Any) -> None:
         """The `Commands:` section, from the table's one-line helps: nothing is imported."""
         rows: list[tuple[str, Callable[[int], str] | str]] = []
@@ -106,3 +133,18 @@ class LazyGroup(TyperGroup):
         lines = [(name, text if isinstance(text, str) else text(limit)) for name, text in rows]
         with formatter.section("Commands"):
             formatter.write_dl(lines)
+
+
+def unknown_command_message(args: list[str], known: list[str]) -> str:
+    """`No such command 'pull'.` and what to type: `mlx models pull ARGS…`, or close names."""
+    word, rest = args[0], args[1:]
+    message = f"No such command {word!r}."
+    habit = HABITS.get(word)
+    if habit is not None:
+        words = habit.split() + (rest or (["MODEL"] if habit.endswith("--model") else []))
+        suggested = shlex.join(["mlx", *words])
+        return f"{message} In mlx that is: {suggested}"
+    matches = get_close_matches(word, known)
+    if matches:
+        return f"{message} Did you mean {', '.join(repr(m) for m in matches)}?"
+    return message

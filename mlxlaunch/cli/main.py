@@ -64,6 +64,27 @@ def take_debug_flag(args: list[str]) -> tuple[bool, list[str]]:
     return True, [DEBUG_FLAG, *rest]
 
 
+def explain_usage_error(exc: Exception) -> None:
+    """Add what to do to click's message where it says only what went wrong.
+
+    An option that a command does not know, given to a command that hands the words after
+    `--` to another program (`mlx launch claude -p …`), was most likely meant for that
+    program: say where its arguments go.
+    """
+    option, ctx = getattr(exc, "option_name", None), getattr(exc, "ctx", None)
+    message = getattr(exc, "message", None)
+    if not isinstance(option, str) or ctx is None or not isinstance(message, str):
+        return
+    passes_on = [p for p in ctx.command.params if p.param_type_name == "argument" and p.nargs == -1]
+    if not passes_on:
+        return
+    program = ctx.info_name or "it"
+    exc.message = (  # type: ignore[attr-defined]
+        f"{message}. Options for {program} itself go after `--`: "
+        f"{ctx.command_path} [OPTIONS] -- {option} …"
+    )
+
+
 def main(argv: list[str] | None = None, *, overrides: Overrides | None = None) -> int:
     """Console-script entry point: run the app, turning typed errors into messages.
 
@@ -94,6 +115,7 @@ def main(argv: list[str] | None = None, *, overrides: Overrides | None = None) -
         # Typer vendors click, so usage errors are recognised by shape, not by class.
         show, code = getattr(exc, "show", None), getattr(exc, "exit_code", None)
         if callable(show) and isinstance(code, int):
+            explain_usage_error(exc)
             show()
             return code
         if debug:

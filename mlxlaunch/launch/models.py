@@ -20,7 +20,7 @@ from mlxlaunch.store.catalog import catalog_entry, recommend
 from mlxlaunch.store.facts import read_config
 from mlxlaunch.store.inventory import LocalModel, list_models
 from mlxlaunch.store.memory import memory_fit
-from mlxlaunch.store.resolve import resolve_model
+from mlxlaunch.store.resolve import is_repo_id, resolve_model
 from mlxlaunch.testing import (
     TEST_MODELS,
     ensure_test_model,
@@ -57,6 +57,7 @@ __all__ = [
     "offline_model_dir",
     "offline_model_names",
     "pull_command",
+    "pullable",
     "resolve_name",
 ]
 
@@ -126,6 +127,14 @@ def best_local_model(
         and memory_fit(m.facts.weights_bytes, total_memory).fits
     ]
     return max(usable, key=rank) if usable else None
+
+
+def pullable(name: str) -> bool:
+    """True when `name` is something `mlx models pull` fetches: a catalog alias or a hub repo
+    id (not a test model, a path or a registered name)."""
+    if is_test_model_name(name) or name.startswith((".", "/", "~")):
+        return False
+    return catalog_entry(name) is not None or is_repo_id(name)
 
 
 def pull_command(total_memory: int | None = None) -> str | None:

@@ -37,6 +37,7 @@ from mlxlaunch.launch.models import (
     choose_model,
     is_test_model_name,
     notice_for_test_model,
+    pullable,
 )
 from mlxlaunch.launch.server_log import logging_to, new_log_path, terminal_to_child
 from mlxlaunch.launch.serving import EngineOptions, Serving, serving
@@ -67,7 +68,7 @@ def launch_claude(
     *,
     console: Console,
     environ: Mapping[str, str] | None = None,
-    offer_pull: Callable[[], bool] | None = None,
+    offer_pull: Callable[[str | None], bool] | None = None,
     logits_hook: LogitsHook | None = None,
 ) -> int:
     """Run Claude Code against a local model; returns claude's exit code."""
@@ -87,15 +88,17 @@ def launch_agent(
     *,
     console: Console,
     environ: Mapping[str, str] | None = None,
-    offer_pull: Callable[[], bool] | None = None,
+    offer_pull: Callable[[str | None], bool] | None = None,
     logits_hook: LogitsHook | None = None,
     rank_command: tuple[str, ...] | None = None,
 ) -> int:
     """Run `agent` against a local model; returns the agent's exit code.
 
-    `offer_pull` is asked when no model was named and none is downloaded; it returns True
-    once it has pulled one. `logits_hook` scripts the model's output (tests; see
-    launch/serving.py); `rank_command`, how a cluster's ranks start (tests script rank 0).
+    `offer_pull(name)` is asked when the model named (by --model or the default-model
+    setting) can be pulled but is not downloaded, or (name None) when none was named and none
+    is downloaded; it returns True once it has pulled one. `logits_hook` scripts the model's
+    output (tests; see launch/serving.py); `rank_command`, how a cluster's ranks start (tests
+    script rank 0).
     """
     environ = dict(os.environ if environ is None else environ)
     binary = (
@@ -271,15 +274,19 @@ def _noise_cap(chosen: ChosenModel) -> int | None:
 
 
 def _choose(
-    options: LaunchOptions, config: UserConfig, offer_pull: Callable[[], bool] | None
+    options: LaunchOptions, config: UserConfig, offer_pull: Callable[[str | None], bool] | None
 ) -> ChosenModel:
+    """The model to serve; one that could be downloaded is offered for pulling (as `ollama
+    run` does), then chosen again."""
     try:
         return choose_model(options.model, config)
     except ModelNotFound:
         named = options.model or config.default_model
-        if named is not None or offer_pull is None or not offer_pull():
+        if offer_pull is None or (named is not None and not pullable(named)):
             raise
-    return choose_model(None, config)
+        if not offer_pull(named):
+            raise
+    return choose_model(options.model, config)
 
 
 def _announce(
