@@ -50,6 +50,7 @@ __all__ = [
     "DEMO_MODEL",
     "ChosenModel",
     "best_local_model",
+    "checked_model_name",
     "choose_model",
     "demo_replies",
     "is_test_model_name",
@@ -160,7 +161,7 @@ def choose_model(
         return ChosenModel(explicit, resolve_name(explicit), "--model")
     if config.default_model:
         return ChosenModel(
-            config.default_model, resolve_name(config.default_model), "default-model setting"
+            config.default_model, _default_model_dir(config), "default-model setting"
         )
     best = best_local_model(local_models(), total_memory)
     if best is not None:
@@ -172,6 +173,42 @@ def choose_model(
         hint=(f"download the recommended one: {command}" if command else "see mlx models catalog")
         + "  (or try the offline demo: mlx launch claude --model demo)",
     )
+
+
+def _default_model_dir(config: UserConfig) -> Path:
+    """The default-model setting's directory; a failure says the name came from the setting."""
+    name = config.default_model or ""
+    try:
+        return resolve_name(name)
+    except ModelNotFound as exc:
+        where = f" in {config.path}" if config.path else ""
+        change = "change it: mlx config set default-model NAME, or mlx config unset default-model"
+        raise ModelNotFound(
+            f"{exc.message}: '{name}' is the default-model setting{where}",
+            hint=f"{exc.hint}; or {change}" if exc.hint else change,
+        ) from exc
+
+
+def checked_model_name(name: str) -> tuple[str, bool]:
+    """What `mlx config set default-model NAME` stores, and whether that model is downloaded.
+
+    A test model, a catalog alias or an `org/repo` id is kept as given (an alias or repo need
+    not be downloaded yet); a directory is stored as its absolute path, so the setting means
+    the same from any folder; a registered name as it is.
+
+    Raises:
+        ModelNotFound: nothing `mlx launch --model NAME` could serve, now or after a pull.
+    """
+    if is_test_model_name(name):
+        return name, True
+    if pullable(name):
+        try:
+            resolve_model(name)
+        except ModelNotFound:
+            return name, False
+        return name, True
+    resolved = resolve_model(name)  # a directory or a registered name, else ModelNotFound
+    return (str(resolved.path) if resolved.source == "path" else name), True
 
 
 DEMO_MODEL = "demo"
