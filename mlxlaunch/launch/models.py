@@ -214,11 +214,14 @@ def checked_model_name(name: str) -> tuple[str, bool]:
 DEMO_MODEL = "demo"
 
 
-def demo_replies(name: str, total_memory: int | None = None) -> DemoReplies | None:
+def demo_replies(
+    name: str, total_memory: int | None = None, agent: str | None = None
+) -> DemoReplies | None:
     """The scripted replies `--model demo` answers with (None for every other model): its
-    weights are random, so unscripted it would write noise until its output cap."""
+    weights are random, so unscripted it would write noise until its output cap. `agent`:
+    the agent `mlx launch` runs, which its greeting names (None: any client of `mlx serve`)."""
     if name != DEMO_MODEL:
         return None
     from mlxlaunch.testing.demo import DemoReplies  # imports mlx: only when serving the demo
 
-    return DemoReplies(pull_hint=pull_command(total_memory))
+    return DemoReplies(pull_hint=pull_command(total_memory), agent=agent)

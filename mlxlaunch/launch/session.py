@@ -35,6 +35,7 @@ from mlxlaunch.launch.integrations import CLAUDE, Integration
 from mlxlaunch.launch.models import (
     ChosenModel,
     choose_model,
+    demo_replies,
     is_test_model_name,
     notice_for_test_model,
     pullable,
@@ -138,7 +139,8 @@ def launch_agent(
             load="now" if options.preload else "background",
             log_file=log_file,
             log_level="info",
-            logits_hook=logits_hook,
+            # The demo's greeting names the agent it serves (serving's default names none).
+            logits_hook=logits_hook or demo_replies(chosen.name, agent=agent.name),
             small_model=options.small_model,
             max_output_tokens=max_output,
         )
