@@ -32,7 +32,8 @@ from mlxlaunch.cluster.architecture import parallel_mode
 from mlxlaunch.cluster.hosts import PARALLEL_MODES, is_local, parse_hosts, read_hostfile
 from mlxlaunch.errors import ConfigError, MlxLaunchError, ModelNotFound
 from mlxlaunch.launch.models import is_test_model_name, notice_for_test_model, offline_model_dir
-from mlxlaunch.store.catalog import CATALOG, catalog_entry, recommend
+from mlxlaunch.store.catalog import CATALOG, catalog_entry, recommendation
+from mlxlaunch.store.compute import BACKENDS, Compute, this_machine
 from mlxlaunch.store.facts import read_facts
 from mlxlaunch.store.inventory import (
     LocalModel,
@@ -41,7 +42,7 @@ from mlxlaunch.store.inventory import (
     local_model_names,
     snapshot_complete,
 )
-from mlxlaunch.store.memory import GIB, format_bytes, memory_fit
+from mlxlaunch.store.memory import GIB, format_bytes
 from mlxlaunch.store.registry import register_local
 from mlxlaunch.store.shards import (
     ShardSpec,
@@ -76,7 +77,7 @@ _err = stderr_console()
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
 MemoryOpt = Annotated[
     float | None,
-    typer.Option("--memory", help="Judge for a machine with this many GiB (default: this one)."),
+    typer.Option("--memory", help="Judge for this machine with this many GiB (default: its own)."),
 ]
 ModelArg = Annotated[
     str,
@@ -498,16 +499,30 @@ def catalog_command(as_json: JsonOption = False) -> None:
     print_catalog(stdout_console(), CATALOG)
 
 
-def recommendation_json(memory: int | None, kind: str | None) -> dict[str, Any]:
-    """`mlx models recommend --json`: the pick, its figures, and whether it fits."""
-    entry = recommend(memory, kind=kind)
-    if entry is None:
+def _compute(backend: str | None) -> Compute:
+    here = this_machine()
+    if backend is None:
+        return here
+    chosen = next((b for b in BACKENDS if b == backend), None)
+    if chosen is None:
+        raise ConfigError(f"--compute {backend!r}: one of {', '.join(BACKENDS)}")
+    return Compute(chosen, here.cores)
+
+
+def recommendation_json(
+    memory: int | None, kind: str | None, compute: Compute | None = None
+) -> dict[str, Any]:
+    """`mlx models recommend --json`: the pick, its figures, whether it fits, and why it is
+    this one (this machine's compute unless told, whatever --memory says of its memory)."""
+    found = recommendation(memory, kind=kind, compute=compute or this_machine())
+    if found is None:
         raise ConfigError("no catalog model fits this machine's memory")
-    fit = memory_fit(entry.size_bytes, memory)
-    return catalog_json([entry])[0] | {
-        "fits": fit.fits,
-        "memory": fit.describe(),
-        "pull_command": f"mlx models pull {entry.alias}",
+    return catalog_json([found.entry])[0] | {
+        "fits": found.fit.fits,
+        "memory": found.fit.describe(),
+        "compute": found.compute.describe() if found.compute else None,
+        "speed_rule": found.speed_rule(),
+        "pull_command": f"mlx models pull {found.entry.alias}",
     }
 
 
@@ -515,9 +530,16 @@ def recommendation_json(memory: int | None, kind: str | None) -> dict[str, Any]:
 def recommend_command(
     memory: MemoryOpt = None,
     kind: Annotated[str | None, typer.Option("--kind", help="coder or general.")] = None,
+    compute: Annotated[
+        str | None,
+        typer.Option(
+            "--compute", help="Judge for metal, cuda or cpu (default: what MLX uses here)."
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """The best catalog model that fits this machine's memory.
+    """The best catalog model that fits this machine's memory and runs at a usable speed on
+    its compute (on a CPU-only machine, models too slow to answer in time are passed over).
 
     Prints `ALIAS<tab>REPO` (details on stderr), or one JSON document with --json.
 
@@ -527,9 +549,11 @@ def recommend_command(
 
       mlx models recommend --memory 32 --kind coder
 
+      mlx models recommend --memory 64 --compute metal
+
       mlx models pull "$(mlx models recommend | cut -f1)"
     """
-    data = recommendation_json(_gib(memory), kind)
+    data = recommendation_json(_gib(memory), kind, _compute(compute))
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
@@ -537,4 +561,6 @@ def recommend_command(
     size = format_bytes(data["size_bytes"])
     _err.print(f"{size} download, {data['context_window']:,}-token context", highlight=False)
     _err.print(f"memory: {data['memory']}", highlight=False)
+    if data["speed_rule"]:
+        _err.print(f"speed: {data['speed_rule']}", highlight=False)
     _err.print(f"pull it with: {data['pull_command']}", highlight=False)

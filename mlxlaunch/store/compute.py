@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 Backend = Literal["metal", "cuda", "cpu"]
+BACKENDS: tuple[Backend, ...] = ("metal", "cuda", "cpu")
 
 # On the CPU backend, bytes of active weights per token a core can stream at a usable decode
 # rate (a few tokens/s) while a 20k-token prefill still finishes in minutes, not hours. Two
-# cores: ~1 GB of active weights, a 1.5B model at 4 bits.
-CPU_ACTIVE_BYTES_PER_CORE = 500 * 1000**2
+# cores: 1 GiB of active weights, a 1.5B model at 4 bits.
+CPU_ACTIVE_BYTES_PER_CORE = 512 * 1024**2
 
 _ACTIVE = re.compile(r"^\s*([\d.]+)\s*B\s*-\s*A\s*([\d.]+)\s*B\s*$", re.I)
 
@@ -75,4 +76,4 @@ def active_share(params: str) -> float:
     return min(1.0, active / total) if total > 0 else 1.0
 
 
-__all__ = ["Backend", "Compute", "active_share", "this_machine"]
+__all__ = ["BACKENDS", "Backend", "Compute", "active_share", "this_machine"]
