@@ -187,7 +187,7 @@ def test_rows_fit_80_columns_and_carry_no_token() -> None:
     lines = _render(rows, 80)
     assert max(len(line) for line in lines) <= 80
     text = "\n".join(lines)
-    for expected in ("4242424", "launch", "mlx-community/Qwen2.5-7B", "qwen-coder-7b", "5.3 GB"):
+    for expected in ("4242424", "launch", "mlx-community/Qwen2.5-7B", "qwen-coder-7b", "4.9 GiB"):
         assert expected in text
     assert "2+1" in text and "1h02m" in text
     assert "secret-token" not in json.dumps(rows_json(rows))
