@@ -69,3 +69,9 @@ def test_npm_installs_of_every_pinned_agent_keep_npm_quiet(tmp_path: Path) -> No
     for command in commands:
         assert "--no-update-notifier" in command and "--loglevel=error" in command, command
         assert "--no-fund" in command and "--no-audit" in command, command
+
+
+def test_the_readme_says_how_to_get_mlx_on_path() -> None:
+    readme = (REPO / "README.md").read_text()
+    assert 'export PATH="$PWD/.venv/bin:$PATH"' in readme
+    assert "pipx install ." in readme and "uv tool install ." in readme
