@@ -3,6 +3,7 @@ before `--`; a model named but not downloaded. Each gets what to type, or the of
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -98,3 +99,27 @@ def test_without_a_terminal_nothing_is_asked_and_the_error_says_how_to_pull(
     code = main(["launch", "claude", "--model", "qwen-coder-7b", "--claude-bin", str(claude)])
     err = " ".join(capsys.readouterr().err.split())
     assert code == 3 and "mlx models pull qwen-coder-7b" in err and "?" not in err
+
+
+def test_on_a_terminal_a_named_model_not_downloaded_is_offered_with_its_size(
+    empty_store: Path,
+) -> None:
+    from test_launch_cli import _mlx_on_a_terminal
+
+    claude = write_fake_claude(empty_store / "bin")
+    env = {
+        **os.environ,
+        "HF_HUB_CACHE": str(empty_store / "hub"),
+        "MLXLAUNCH_HOME": str(empty_store / "home"),
+        "MLXLAUNCH_CONFIG_DIR": str(empty_store / "config"),
+        "HF_ENDPOINT": "http://127.0.0.1:9",  # a hub that is not there
+    }
+    env.pop("HF_HUB_OFFLINE", None)
+    args = ["launch", "claude", "--model", "qwen-coder-7b", "--claude-bin", str(claude)]
+    code, stderr = _mlx_on_a_terminal(args, env, "n\n")
+    said = " ".join(stderr.split())
+    assert code == 3, stderr
+    assert "qwen-coder-7b is not downloaded. Pull it now (mlx-community/" in said
+    assert "4.0 GiB download" in said
+    code, stderr = _mlx_on_a_terminal(args, env, "y\n")  # it goes on to pull: no hub here
+    assert code == 5 and "cannot reach the hub at http://127.0.0.1:9" in stderr, stderr
