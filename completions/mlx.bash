@@ -26,11 +26,11 @@ _mlx_node() {
         "models info") children="" flags="--json --debug -h --help" models="" paths="" texts="" arg="model" ;;
         "models list") children="" flags="--json --names --debug -h --help" models="" paths="" texts="" arg="" ;;
         "models pull") children="" flags="--force --debug -h --help" models="" paths="--hostfile" texts="--revision --shard --hosts --parallel --python" arg="model" ;;
-        "models recommend") children="" flags="--json --debug -h --help" models="" paths="" texts="--memory --kind" arg="" ;;
+        "models recommend") children="" flags="--json --debug -h --help" models="" paths="" texts="--memory --kind --compute" arg="" ;;
         "models rm") children="" flags="--yes -y --debug -h --help" models="" paths="" texts="" arg="model" ;;
         "ps") children="" flags="--json --debug -h --help" models="" paths="" texts="" arg="" ;;
         "serve") children="" flags="--debug-cache --safeguards --no-safeguards --preload --no-preload --allow-remote --no-auth --debug -h --help" models="--model -m" paths="--cache-dir --hostfile" texts="--host --port --auth-token --context-length --max-concurrency --idle-clear --keep-alive --memory-fraction --cache-memory --cache-disk --tool-format --render --hosts --backend --parallel --allow-origin" arg="" ;;
-        "stop") children="" flags="--all --debug -h --help" models="" paths="" texts="--timeout" arg="text" ;;
+        "stop") children="" flags="--all --yes -y --debug -h --help" models="" paths="" texts="--timeout" arg="text" ;;
         *) children="" flags="" models="" paths="" texts="" arg="" ;;
     esac
 }

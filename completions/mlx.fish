@@ -67,7 +67,7 @@ function __mlx_node --argument-names path what
             test $what = valued; and printf '%s\n' --revision --shard --hosts --hostfile --parallel --python
         case 'models recommend'
             test $what = children; and printf '%s\n' 
-            test $what = valued; and printf '%s\n' --memory --kind
+            test $what = valued; and printf '%s\n' --memory --kind --compute
         case 'models rm'
             test $what = children; and printf '%s\n' 
             test $what = valued; and printf '%s\n' 
@@ -303,8 +303,9 @@ complete -c mlx -n "__mlx_at 'models pull'" -l parallel -x -d 'How the model wil
 complete -c mlx -n "__mlx_at 'models pull'" -l python -x -d 'Python with mlxlaunch on the other hosts (default: this one).'
 complete -c mlx -n "__mlx_at 'models pull'" -l debug -d 'Show tracebacks and debug logs.'
 complete -c mlx -n "__mlx_at 'models pull'" -s h -l help -d 'Show help.'
-complete -c mlx -n "__mlx_at 'models recommend'" -l memory -x -d 'Judge for a machine with this many GiB (default: this one).'
+complete -c mlx -n "__mlx_at 'models recommend'" -l memory -x -d 'Judge for this machine with this many GiB (default: its own).'
 complete -c mlx -n "__mlx_at 'models recommend'" -l kind -x -d 'coder or general.'
+complete -c mlx -n "__mlx_at 'models recommend'" -l compute -x -d 'Judge for metal, cuda or cpu (default: what MLX uses here).'
 complete -c mlx -n "__mlx_at 'models recommend'" -l json -d 'Print one JSON document for scripts.'
 complete -c mlx -n "__mlx_at 'models recommend'" -l debug -d 'Show tracebacks and debug logs.'
 complete -c mlx -n "__mlx_at 'models recommend'" -s h -l help -d 'Show help.'
@@ -343,5 +344,6 @@ complete -c mlx -n "__mlx_at 'serve'" -l debug -d 'Show tracebacks and debug log
 complete -c mlx -n "__mlx_at 'serve'" -s h -l help -d 'Show help.'
 complete -c mlx -n "__mlx_at 'stop'" -l all -d 'Stop every running server.'
 complete -c mlx -n "__mlx_at 'stop'" -l timeout -x -d 'Seconds to wait for each server to exit.'
+complete -c mlx -n "__mlx_at 'stop'" -l yes -s y -d 'Stop a launch without asking on a terminal.'
 complete -c mlx -n "__mlx_at 'stop'" -l debug -d 'Show tracebacks and debug logs.'
 complete -c mlx -n "__mlx_at 'stop'" -s h -l help -d 'Show help.'

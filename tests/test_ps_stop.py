@@ -267,6 +267,11 @@ def test_ps_lists_real_servers_and_stop_stops_them(tmp_path: Path) -> None:
         # The launcher passed SIGTERM on to claude and exits with claude's code.
         assert launch.wait(timeout=PROCESS_EXIT_S) == 40 + signal.SIGTERM
         assert json.loads((tmp_path / "report.json").read_text())["signals"] == [signal.SIGTERM]
+        assert "the agent session on it has ended" in " ".join(stopped.stderr.split())
+        assert launch.stderr is not None
+        said = " ".join(launch.stderr.read().split())  # and the launch says why, on its side
+        assert "this launch was stopped (SIGTERM: `mlx stop`" in said, said
+        assert f"exit code {40 + signal.SIGTERM}" in said
 
         # One left: a plain `mlx stop` stops it.
         last = _mlx(["stop"], env)

@@ -14,6 +14,7 @@ import contextlib
 import os
 import secrets
 import shutil
+import signal
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -153,8 +154,22 @@ def launch_agent(
             prepare_launch_dir(setup, launch_dir)
             env = agent_environment(setup, environ, drops=agent.drops, extra=options.extra_env)
             argv = [str(binary), *setup.args, *options.agent_args]
+            ended_by: list[int] = []
             with terminal_to_child(log_file) as stdio:
-                return run_child(argv, env, stdio=stdio)
+                code = run_child(argv, env, stdio=stdio, on_end_signal=ended_by.append)
+            if signal.SIGTERM in ended_by:
+                say_stopped(console, agent, code)
+            return code
+
+
+def say_stopped(console: Console, agent: Integration, code: int) -> None:
+    """Why the agent's session ended: `mlx stop` (or any SIGTERM) stopped this launch."""
+    with contextlib.suppress(OSError):  # the terminal may be gone as well
+        console.print(
+            f"[bold]mlx[/]: this launch was stopped (SIGTERM: `mlx stop`, or another process), "
+            f"so {agent.title}'s session was ended; exit code {code}",
+            highlight=False,
+        )
 
 
 def _on_cluster(
