@@ -15,6 +15,7 @@ import typer
 from mlxlaunch.cli.consoles import stdout_console
 from mlxlaunch.cli.options import model_option
 from mlxlaunch.errors import ConfigError
+from mlxlaunch.home import mlxlaunch_home
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -113,8 +114,14 @@ def bench(
         typer.Option(min=1, help="Our server's batch width (default: the engine's)."),
     ] = None,
     out: Annotated[
-        Path, typer.Option("--out", help="Directory for the JSON report and the SVG chart.")
-    ] = Path("mlx-bench"),
+        Path | None,
+        typer.Option(
+            "--out",
+            help="Directory for the JSON report and the SVG chart (default: mlxlaunch's "
+            "home, bench/; never the current directory, which may be your project).",
+            show_default=False,
+        ),
+    ] = None,
     hosts: Annotated[
         str | None,
         typer.Option(
@@ -203,6 +210,7 @@ def bench(
     from mlxlaunch.bench.harness import BenchOptions, run_benchmark
     from mlxlaunch.launch.models import resolve_name
 
+    out = out if out is not None else bench_dir()
     model_dir = resolve_name(model)
     if cluster is not None:
         _bench_cluster(cluster, ranks, str(model_dir), model, config, max_concurrency, out, console)
@@ -225,6 +233,11 @@ def bench(
     for caveat in caveats(outcome.rows, outcome.ours, outcome.peer, quick=quick):
         console.print(f"[yellow]note:[/] {caveat}", highlight=False)
     _write(out, report, markdown_table(report, outcome.rows), outcome, model, console)
+
+
+def bench_dir() -> Path:
+    """Where `mlx bench` writes its reports unless told: the mlxlaunch home's `bench/`."""
+    return mlxlaunch_home() / "bench"
 
 
 def _progress(console: Console) -> Progress:

@@ -161,6 +161,13 @@ YesOption = Annotated[
 VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="Say more.")]
 UrlOption = Annotated[str | None, typer.Option(help="With --print-env: the server's URL.")]
 TokenOption = Annotated[str | None, typer.Option(help="With --print-env: the server's token.")]
+# The same two for the other agents, whose flag is --print-config.
+ConfigUrlOption = Annotated[
+    str | None, typer.Option("--url", help="With --print-config: the server's URL.")
+]
+ConfigTokenOption = Annotated[
+    str | None, typer.Option("--token", help="With --print-config: the server's token.")
+]
 
 
 def _preload_option(agent: str, default: bool | None = None) -> Any:
@@ -407,7 +414,10 @@ def _agent_command(agent: Integration, example: str) -> None:
         tool_format: ToolFormatOption = None,
         render: RenderOption = DEFAULT_RENDER,
         debug_cache: DebugCacheOption = False,
-        safeguards: SafeguardsOption = True,
+        # Claude Code's auto-mode check: no other agent asks it, so it is not offered here.
+        safeguards: Annotated[
+            bool, typer.Option("--safeguards/--no-safeguards", hidden=True)
+        ] = True,
         preload: bool = _preload_option(agent.binary, False),
         agent_bin: str | None = typer.Option(
             None,
@@ -430,8 +440,8 @@ def _agent_command(agent: Integration, example: str) -> None:
                 help="Print the settings it would get from a running server, then exit.",
             ),
         ] = False,
-        url: UrlOption = None,
-        token: TokenOption = None,
+        url: ConfigUrlOption = None,
+        token: ConfigTokenOption = None,
         hosts: HostsOption = None,
         hostfile: HostfileOption = None,
         backend: BackendOption = None,
@@ -505,10 +515,16 @@ def _print_config(
         raise ConfigError(
             "the server does not say its context window", hint="pass --context-length"
         )
+    from mlxlaunch.launch.session import launch_dirs, prepare_launch_dir
+
     target = AgentTarget(found.base_url, found.auth_token, settings, cwd=Path.cwd())
-    setup = agent.configure(target, Path(f"<launch dir of mlx launch {agent.name}>"))
+    # A real directory, written now, so the export lines work as printed (a CODEX_HOME):
+    # one per agent, beside the per-launch ones, rewritten by each --print-config.
+    config_dir = launch_dirs(agent) / "print-config"
+    setup = agent.configure(target, config_dir)
+    prepare_launch_dir(setup, config_dir)
     for name, text in setup.files.items():
-        typer.echo(f"# {name}\n{text}")
+        typer.echo(f"# {config_dir / name} (written)\n{text}")
     typer.echo(export_lines(dict(setup.env)))
 
 

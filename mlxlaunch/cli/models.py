@@ -31,7 +31,13 @@ from mlxlaunch.cli.options import MODEL_METAVAR, JsonOption
 from mlxlaunch.cluster.architecture import parallel_mode
 from mlxlaunch.cluster.hosts import PARALLEL_MODES, is_local, parse_hosts, read_hostfile
 from mlxlaunch.errors import ConfigError, MlxLaunchError, ModelNotFound
-from mlxlaunch.launch.models import is_test_model_name, notice_for_test_model, offline_model_dir
+from mlxlaunch.launch.models import (
+    DEMO_MODEL,
+    is_test_model_name,
+    notice_for_test_model,
+    offline_model_dir,
+    offline_model_names,
+)
 from mlxlaunch.store.catalog import CATALOG, catalog_entry, recommendation
 from mlxlaunch.store.compute import BACKENDS, Compute, this_machine
 from mlxlaunch.store.facts import read_facts
@@ -349,7 +355,8 @@ def list_command(
         bool, typer.Option("--names", help="Print only the names, one a line.")
     ] = False,
 ) -> None:
-    """List local models: hub-cache downloads and directories added with `mlx models add`.
+    """List local models: hub-cache downloads and directories added with `mlx models add`,
+    then the offline test models (`demo` first), which need no download.
 
     Examples:
 
@@ -368,9 +375,20 @@ def list_command(
         typer.echo(json.dumps([m.as_json() for m in models], indent=2))
         return
     if not models:
-        _err.print("No local models. Try: mlx models recommend")
-        return
-    print_local_models(stdout_console(), models)
+        _err.print("No local models. Try: mlx models recommend", highlight=False)
+    else:
+        print_local_models(stdout_console(), models)
+    _err.print(offline_models_line(), highlight=False)
+
+
+def offline_models_line() -> str:
+    """The test models, which `mlx models info` knows and which are never downloaded."""
+    tests = [n for n in offline_model_names() if n != DEMO_MODEL]
+    return (
+        f"Offline, nothing to download: {DEMO_MODEL} (scripted replies and a real tool round "
+        f"trip: mlx launch claude --model {DEMO_MODEL}); test models {', '.join(tests)} "
+        "(random weights, for tests and mlx bench)"
+    )
 
 
 def _require(name: str) -> LocalModel:
