@@ -14,23 +14,23 @@ _mlx_node() {
         "config set") children="" flags="--debug -h --help" models="" paths="" texts="" arg="text" ;;
         "config show") children="" flags="--json --debug -h --help" models="" paths="" texts="" arg="" ;;
         "config unset") children="" flags="--debug -h --help" models="" paths="" texts="" arg="text" ;;
-        "dash") children="" flags="--debug -h --help" models="" paths="" texts="--url --token --retry" arg="" ;;
+        "dash") children="" flags="--once --debug -h --help" models="" paths="" texts="--url --token --retry" arg="" ;;
         "doctor") children="" flags="--json --debug -h --help" models="" paths="--hostfile" texts="--claude-bin --hosts --model --backend --parallel" arg="" ;;
         "launch") children="claude codex opencode" flags="--debug -h --help" models="" paths="" texts="" arg="" ;;
         "launch claude") children="" flags="--debug-cache --safeguards --no-safeguards --preload --install-claude --yes -y --verbose -v --print-env --debug -h --help" models="--model -m" paths="--cache-dir --hostfile" texts="--small-model --port --context-length --max-output-tokens --keep-alive --max-concurrency --idle-clear --memory-fraction --cache-memory --cache-disk --tool-format --render --hosts --backend --parallel --claude-bin --env -e --url --token" arg="text" ;;
-        "launch codex") children="" flags="--debug-cache --safeguards --no-safeguards --preload --install-codex --yes -y --verbose -v --print-config --debug -h --help" models="--model -m" paths="--cache-dir --hostfile" texts="--port --context-length --max-output-tokens --keep-alive --max-concurrency --idle-clear --memory-fraction --cache-memory --cache-disk --tool-format --render --codex-bin --env -e --url --token --hosts --backend --parallel" arg="text" ;;
-        "launch opencode") children="" flags="--debug-cache --safeguards --no-safeguards --preload --install-opencode --yes -y --verbose -v --print-config --debug -h --help" models="--model -m" paths="--cache-dir --hostfile" texts="--port --context-length --max-output-tokens --keep-alive --max-concurrency --idle-clear --memory-fraction --cache-memory --cache-disk --tool-format --render --opencode-bin --env -e --url --token --hosts --backend --parallel" arg="text" ;;
+        "launch codex") children="" flags="--debug-cache --preload --install-codex --yes -y --verbose -v --print-config --debug -h --help" models="--model -m" paths="--cache-dir --hostfile" texts="--port --context-length --max-output-tokens --keep-alive --max-concurrency --idle-clear --memory-fraction --cache-memory --cache-disk --tool-format --render --codex-bin --env -e --url --token --hosts --backend --parallel" arg="text" ;;
+        "launch opencode") children="" flags="--debug-cache --preload --install-opencode --yes -y --verbose -v --print-config --debug -h --help" models="--model -m" paths="--cache-dir --hostfile" texts="--port --context-length --max-output-tokens --keep-alive --max-concurrency --idle-clear --memory-fraction --cache-memory --cache-disk --tool-format --render --opencode-bin --env -e --url --token --hosts --backend --parallel" arg="text" ;;
         "models") children="add catalog info list pull recommend rm" flags="--debug -h --help" models="" paths="" texts="" arg="" ;;
         "models add") children="" flags="--debug -h --help" models="" paths="" texts="--name" arg="path" ;;
         "models catalog") children="" flags="--json --debug -h --help" models="" paths="" texts="" arg="" ;;
         "models info") children="" flags="--json --debug -h --help" models="" paths="" texts="" arg="model" ;;
         "models list") children="" flags="--json --names --debug -h --help" models="" paths="" texts="" arg="" ;;
         "models pull") children="" flags="--force --debug -h --help" models="" paths="--hostfile" texts="--revision --shard --hosts --parallel --python" arg="model" ;;
-        "models recommend") children="" flags="--json --debug -h --help" models="" paths="" texts="--memory --kind" arg="" ;;
+        "models recommend") children="" flags="--json --debug -h --help" models="" paths="" texts="--memory --kind --compute" arg="" ;;
         "models rm") children="" flags="--yes -y --debug -h --help" models="" paths="" texts="" arg="model" ;;
         "ps") children="" flags="--json --debug -h --help" models="" paths="" texts="" arg="" ;;
         "serve") children="" flags="--debug-cache --safeguards --no-safeguards --preload --no-preload --allow-remote --no-auth --debug -h --help" models="--model -m" paths="--cache-dir --hostfile" texts="--host --port --auth-token --context-length --max-concurrency --idle-clear --keep-alive --memory-fraction --cache-memory --cache-disk --tool-format --render --hosts --backend --parallel --allow-origin" arg="" ;;
-        "stop") children="" flags="--all --debug -h --help" models="" paths="" texts="--timeout" arg="text" ;;
+        "stop") children="" flags="--all --yes -y --debug -h --help" models="" paths="" texts="--timeout" arg="text" ;;
         *) children="" flags="" models="" paths="" texts="" arg="" ;;
     esac
 }
