@@ -76,17 +76,22 @@ def _text(text: str) -> str:
 
 @dataclass(frozen=True)
 class ConfigKey:
-    """One setting: its name on the command line and in the file, and how to read it."""
+    """One setting: its name on the command line and in the file, and how to read it.
+
+    `names_model`: the value is a model to serve, which `mlx config set` also checks against
+    the models mlx knows (cli/config.py: that needs the store, this module must not).
+    """
 
     name: str
     help: str
     parse: Callable[[str], Any]
+    names_model: bool = False
 
 
 KEYS: dict[str, ConfigKey] = {
     k.name: k
     for k in (
-        ConfigKey("default-model", "model `mlx launch claude` uses without --model", _text),
+        ConfigKey("default-model", "model `mlx launch` uses without --model", _text, True),
         ConfigKey("small-model", "model for Claude Code's haiku tier (background work)", _text),
         ConfigKey("port", "port for the server, 0-65535 (default: a free one)", _port),
         ConfigKey(
@@ -106,6 +111,7 @@ class UserConfig:
     """The settings read from the config file; `None` where the user set nothing."""
 
     values: Mapping[str, Any] = field(default_factory=dict)
+    path: Path | None = None  # the file they came from, for messages about them
 
     def get(self, key: str) -> Any:
         """The value of a known key, or None when unset."""
@@ -168,7 +174,7 @@ def load_config(env: Mapping[str, str] | None = None) -> UserConfig:
                 f"{path}: {key} = {value!r} is refused: {exc}",
                 hint=f"mlx config set {key} VALUE ({KEYS[key].help}), or mlx config unset {key}",
             ) from exc
-    return UserConfig(values)
+    return UserConfig(values, path)
 
 
 def _toml_value(value: Any) -> str:

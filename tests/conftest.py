@@ -138,8 +138,9 @@ def _signal_handlers_are_restored() -> Iterator[None]:
 
 
 # Set by others, not by tests: pytest for each phase of each test, threadpoolctl when it is
-# first imported (the CPU attention imports it lazily).
-_NOT_LEAKS = {"PYTEST_CURRENT_TEST", "KMP_DUPLICATE_LIB_OK"}
+# first imported (the CPU attention imports it lazily), mlx_lm when it is first imported (the
+# CLI imports a command's code when that command runs).
+_NOT_LEAKS = {"PYTEST_CURRENT_TEST", "KMP_DUPLICATE_LIB_OK", "TRANSFORMERS_NO_ADVISORY_WARNINGS"}
 
 
 def _environment() -> dict[str, str]:

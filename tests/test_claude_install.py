@@ -127,6 +127,8 @@ def test_the_pinned_install_lives_in_the_mlxlaunch_home(
         str(prefix),
         "--no-audit",
         "--no-fund",
+        "--no-update-notifier",
+        "--loglevel=error",
         "--prefer-offline",
         f"@anthropic-ai/claude-code@{CLAUDE_CODE_VERSION}",
     ]

@@ -58,8 +58,9 @@ def test_catalog_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_recommend_json(capsys: pytest.CaptureFixture[str]) -> None:
-    pick = _json(["models", "recommend", "--memory", "32", "--json"], capsys)
-    assert set(pick) == CATALOG_KEYS | {"fits", "memory", "pull_command"}
+    pick = _json(["models", "recommend", "--memory", "32", "--compute", "metal", "--json"], capsys)
+    assert set(pick) == CATALOG_KEYS | {"fits", "memory", "compute", "speed_rule", "pull_command"}
+    assert pick["compute"] == "Metal GPU" and pick["speed_rule"] is None
     assert pick["alias"] == "qwen3-coder-30b" and pick["fits"] is True
     assert pick["pull_command"] == "mlx models pull qwen3-coder-30b"
 

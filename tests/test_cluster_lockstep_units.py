@@ -84,10 +84,12 @@ def test_the_rank_spec_reaches_every_host_without_the_token() -> None:
     assert RankSpec.decoded(spec.encoded()) == spec
     ranks = RankProcesses(Cluster(("127.0.0.1", "127.0.0.1")), spec, relay=lambda line: None)
     argv, env = ranks.command()
+    ranks.stop()
     specs = [a.partition("=")[2] for a in argv if a.startswith(f"{SPEC_VARIABLE}=")]
     assert len(specs) == 1
     public = RankSpec.decoded(specs[0])
     assert public.auth_token is None and public.model == "tiny-moe"
+    assert public.auth_required  # rank 0 knows a token must come, and refuses without it
     assert not any("secret-token" in a for a in argv)
     assert env[TOKEN_VARIABLE] == "secret-token"  # rank 0's environment alone
 
@@ -157,18 +159,16 @@ def test_a_hostfile_names_the_hosts_and_may_name_the_backend(tmp_path: Path) -> 
         cluster_from_options(None, hostfile)
 
 
-def test_a_ring_across_machines_listens_where_the_others_can_reach_it() -> None:
+def test_a_ring_across_machines_listens_where_the_others_can_reach_it(tmp_path: Path) -> None:
     # `mlx.launch --hosts 127.0.0.1,…` would make rank 0 listen on loopback; a hostfile keeps
     # it a local process but on this machine's address towards the others.
     cluster = cluster_from_options("127.0.0.1,192.0.2.7", None)
     assert cluster is not None
-    argv = launch_argv(cluster, ["-m", "x"], starting_port=40000)
+    argv = launch_argv(cluster, ["-m", "x"], starting_port=40000, scratch=tmp_path)
     written = Path(argv[argv.index("--hostfile") + 1])
-    try:
-        hosts = json.loads(written.read_text())["hosts"]
-        assert hosts[0]["ssh"] == "127.0.0.1" and hosts[0]["ips"] != ["127.0.0.1"]
-        assert hosts[1] == {"ssh": "192.0.2.7", "ips": ["192.0.2.7"]}
-    finally:
-        written.unlink()
+    assert written.parent == tmp_path  # the caller's scratch directory, removed with it
+    hosts = json.loads(written.read_text())["hosts"]
+    assert hosts[0]["ssh"] == "127.0.0.1" and hosts[0]["ips"] != ["127.0.0.1"]
+    assert hosts[1] == {"ssh": "192.0.2.7", "ips": ["192.0.2.7"]}
     local = cluster_from_options("127.0.0.1,127.0.0.1", None)
     assert local is not None and "--hosts" in launch_argv(local, ["-m", "x"])

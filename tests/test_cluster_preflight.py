@@ -202,10 +202,11 @@ def test_a_missing_backend_and_refuse_lists_every_problem() -> None:
 
 def test_remote_hosts_are_probed_through_ssh_without_a_password_prompt() -> None:
     local = probe_command("127.0.0.1", "my model", python="/opt/py")
-    assert local == ["/opt/py", "-m", "mlxlaunch.cluster.probe", "--model", "my model"]
+    assert local == ["/opt/py", "-m", "mlxlaunch.cluster.probe", "--model=my model"]
     remote = probe_command("10.0.0.2", "my model", python="/opt/py")
-    assert remote[:6] == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "10.0.0.2"]
-    assert remote[6] == "/opt/py -m mlxlaunch.cluster.probe --model 'my model'"
+    assert remote[:5] == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5"]
+    assert remote[5:7] == ["--", "10.0.0.2"]  # the destination is never read as an option
+    assert remote[7] == "/opt/py -m mlxlaunch.cluster.probe '--model=my model'"
 
 
 # --- the real probe on every host, through the fake ssh -----------------------------------

@@ -20,7 +20,7 @@ from mlxlaunch.cli.main import main
 from mlxlaunch.testing import ensure_test_model
 
 UNREACHABLE_SSH = """#!/bin/bash
-echo "ssh: connect to host $5 port 22: No route to host" >&2
+echo "ssh: connect to host $6 port 22: No route to host" >&2
 exit 255
 """
 

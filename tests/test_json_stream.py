@@ -202,3 +202,67 @@ def test_long_strings_and_keys_stream_in_linear_time() -> None:
     sent = [scanner.feed(c) for c in text]
     assert "".join(sent) == text and scanner.done
     assert all(piece == "" for piece in sent[1 : len(key) + 4])  # the key waited for its value
+
+
+# What no reader holds (issue 35, item 7): the stream breaks at the character that would make
+# it so, and what was forwarded before it reads back in Python (and in jiter, the Anthropic
+# SDK's reader) once repaired.
+_BIG = "7" * 5000
+
+
+@pytest.mark.parametrize(
+    ("text", "forwarded"),
+    [
+        ('{"n": ' + _BIG + "}", '{"n": ' + "7" * 4300),  # past int()'s 4,300 digits
+        ('{"n": -' + _BIG + ', "m": 1}', '{"n": -' + "7" * 4300),
+        ('{"n": 1e400}', '{"n": 1e40'),  # past the largest float: Python's inf
+        ('{"n": 1.8e308}', '{"n": 1.8e30'),
+        ('{"n": ' + "7" * 400 + ".5}", '{"n": ' + "7" * 400),  # an int, but no float
+        ('{"a": ' + "[" * 60 + "]" * 60 + "}", '{"a": ' + "[" * 47),  # nested past MAX_DEPTH
+    ],
+    ids=["huge-int", "huge-negative-int", "1e400", "1.8e308", "int-then-float", "deep"],
+)
+def test_a_value_no_reader_holds_breaks_the_stream(text: str, forwarded: str) -> None:
+    import jiter
+
+    scanner, sent = stream([text[i : i + 7] for i in range(0, len(text), 7)])
+    assert scanner.broken and sent == forwarded
+    whole = sent + scanner.close()
+    assert isinstance(json.loads(whole), dict)
+    assert json.loads(json.dumps(json.loads(whole), allow_nan=False)) == json.loads(whole)
+    jiter.from_json(whole.encode())
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"n": ' + "7" * 4300 + "}",
+        '{"n": 1.7976931348623157e308, "m": 1e-400, "k": -0.5E+3, "j": 0.' + "0" * 400 + "1e400}",
+        '{"a": ' + "[" * 47 + "]" * 47 + "}",
+    ],
+    ids=["4300-digits", "extreme-floats", "depth-48"],
+)
+def test_values_every_reader_holds_stream_whole(text: str) -> None:
+    scanner, sent = stream(list(text))
+    assert scanner.done and sent == text
+
+
+def test_whole_calls_are_held_to_the_same_rule() -> None:
+    from mlxlaunch.engine.output.spans import arguments_text
+
+    assert arguments_text({"n": int("7" * 4300)}) is not None
+    assert arguments_text('{"n": ' + "7" * 4301 + "}") is None  # int() refuses it
+    assert arguments_text({"n": float("inf")}) is None
+    deep: Any = 1
+    for _ in range(60):
+        deep = [deep]
+    assert arguments_text({"a": deep}) is None
+    assert arguments_text("[" * 100_000 + "]" * 100_000) is None  # RecursionError, caught
+
+
+def test_the_depth_bound_fits_a_call_sent_back_in_a_messages_body() -> None:
+    from mlxlaunch.engine.output.json_stream import MAX_DEPTH
+    from mlxlaunch.protocol.limits import MAX_JSON_DEPTH
+
+    # body → messages → message → content → block → input: the arguments start at level 6.
+    assert MAX_DEPTH + 5 <= MAX_JSON_DEPTH

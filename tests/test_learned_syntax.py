@@ -12,7 +12,11 @@ import pytest
 
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
-from mlxlaunch.engine.runtime.learned_syntax import LearnedCallSyntax, learn_json_call_syntax
+from mlxlaunch.engine.runtime.learned_syntax import (
+    LearnedCallSyntax,
+    learn_json_call_syntax,
+    learn_think_markers,
+)
 from mlxlaunch.server.runner import start_server
 from mlxlaunch.testing.builder import build_model
 from mlxlaunch.testing.scripted import ScriptedOutput
@@ -157,3 +161,48 @@ def test_a_learned_call_comes_back_as_tool_use(served: Any) -> None:
         tools=[WEATHER],  # type: ignore[list-item]
     )
     assert follow.content[0].text == "Sunny."  # type: ignore[union-attr]
+
+
+# --- think markers (issue 35, item 10) ---------------------------------------------------------
+
+
+def _thinking_template(start: str, end: str, field: str = "reasoning_content") -> str:
+    return (
+        "{% for m in messages %}<|{{ m.role }}|>"
+        '{% if m["' + field + '"] %}' + start + '\n{{ m["' + field + '"] }}\n' + end + "\n\n"
+        "{% endif %}{{ m.content }}<|end|>{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>" + start + "\n{% endif %}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        (_thinking_template("<seed:think>", "</seed:think>"), ("<seed:think>", "</seed:think>")),
+        (
+            _thinking_template("<reasoning>", "</reasoning>", "reasoning"),
+            ("<reasoning>", "</reasoning>"),
+        ),
+        (_thinking_template("[THINK]", "[/THINK]", "thinking"), ("[THINK]", "[/THINK]")),
+        (_thinking_template("<think>", "</think>"), ("<think>", "</think>")),
+    ],
+    ids=["seed", "reasoning-field", "brackets", "think"],
+)
+def test_think_markers_are_learned_from_the_template(
+    template: str, expected: tuple[str, str]
+) -> None:
+    assert learn_think_markers(renderer(template)) == expected
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        _thinking_template("Thoughts:", "Answer:"),  # no tags: nothing to read spans by
+        _thinking_template("<a>", "</b>"),  # not a tag and its closing form
+        "{% for m in messages %}{{ m.content }}{% endfor %}",  # drops reasoning
+        "{{ raise_exception('no') }}",
+    ],
+    ids=["words", "mismatched", "dropped", "refuses"],
+)
+def test_a_template_without_think_tags_teaches_none(template: str) -> None:
+    assert learn_think_markers(renderer(template)) is None

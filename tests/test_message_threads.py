@@ -192,8 +192,17 @@ def test_thread_errors_carry_the_codes_the_sdks_act_on(served: Served) -> None:
         {**BASE, "messages": [{"role": "user", "content": "hi"}],
          "thread": {"type": "continue", "previous_message_id": "msg_" + "0" * 24}},
     )  # fmt: skip
-    assert missing.status_code == 400
+    # 404 `not_found_error`, as the SDKs' table pairs this code (issue 35: it was a 400).
+    assert missing.status_code == 404
+    assert missing.json()["error"]["type"] == "not_found_error"
     assert missing.json()["error"]["details"]["error_code"] == "thread_not_found"
+    with pytest.raises(anthropic.types.ThreadNotFoundError):
+        served.client.beta.messages.create(
+            **BASE,
+            messages=[{"role": "user", "content": "hi"}],
+            thread={"type": "continue", "previous_message_id": "msg_" + "0" * 24},
+            betas=[THREADS_BETA],
+        )
 
     served.scripted.enqueue("one")
     created = _post(
@@ -239,3 +248,17 @@ def test_a_client_mistake_in_a_continue_leaves_the_thread_usable(served: Served)
     served.scripted.enqueue("two")
     fixed = _post(served, {**BASE, "messages": [{"role": "user", "content": "b"}], "thread": again})
     assert fixed.status_code == 200, fixed.text
+
+
+def test_every_thread_error_has_the_status_the_sdk_maps_its_code_from() -> None:
+    """The SDK picks the error class by (status, code): each code we send must be in its
+    table under the status we send it with (a code under another status is a bare error)."""
+    from anthropic._error_classes import ERROR_CLASSES
+
+    from mlxlaunch.protocol.threads import THREAD_ERRORS
+
+    for code, (error_type, status) in THREAD_ERRORS.items():
+        error_class = ERROR_CLASSES.get((status, code))
+        assert error_class is not None, (code, status)
+        assert error_class.__name__ == "".join(p.title() for p in code.split("_")) + "Error"
+        assert status == {"not_found_error": 404, "invalid_request_error": 400}[error_type]

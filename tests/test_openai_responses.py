@@ -496,3 +496,17 @@ def test_a_failure_mid_stream_ends_with_response_failed() -> None:
     events = stream.fail("server_error", "generation failed: boom")
     assert events[-1].type == "response.failed" and stream.finished
     assert stream.response.error is not None and stream.response.error.message.endswith("boom")
+
+
+def test_a_failing_stream_with_unreadable_arguments_still_ends_with_response_failed() -> None:
+    """The error path closes the open call; arguments no reader holds (an integer past
+    int()'s limit) used to raise again there, so the stream just stopped (Codex retries)."""
+    from mlxlaunch.server.responses_mapping import ToolNames
+
+    stream = ResponseStream(new_response("resp_x", "m"), ToolNames())
+    stream.feed(ToolCallStart("toolu_1", "t"))
+    stream.feed(ToolInputDelta("toolu_1", '{"n": ' + "7" * 5000 + "}"))
+    events = stream.fail("server_error", "boom")
+    assert events[-1].type == "response.failed" and stream.response.status == "failed"
+    [call] = stream.response.output
+    assert call.type == "function_call" and call.arguments == "{}"

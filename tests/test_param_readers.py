@@ -393,6 +393,16 @@ ODD = ToolSpec(
         ("minimax_m2", {"custom": "42", "undeclared": "42"}, {"custom": "42", "undeclared": "42"}),
         ("deepseek_v32", {"count": "3", "custom": "[1]"}, {"count": "3", "custom": "[1]"}),
         ("qwen3_coder", {"count": "NaN"}, {"count": "NaN"}),
+        # Values no reader holds stay the text the model wrote (issue 35, item 7).
+        ("qwen3_coder", {"count": "7" * 5000}, {"count": "7" * 5000}),
+        ("glm47", {"undeclared": "7" * 5000}, {"undeclared": "7" * 5000}),
+        ("qwen3_coder", {"config": "[" * 100 + "]" * 100}, {"config": "[" * 100 + "]" * 100}),
+        ("glm47", {"config": "[" * 5000 + "]" * 5000}, {"config": "[" * 5000 + "]" * 5000}),
+        (
+            "qwen3_coder",
+            {"config": "{'a': " + "7" * 5000 + "}"},
+            {"config": "{'a': " + "7" * 5000 + "}"},
+        ),
     ],
 )
 def test_family_value_rules(dialect: str, args: dict[str, str], expected: dict[str, Any]) -> None:

@@ -419,6 +419,37 @@ def test_a_template_that_ignores_tools_gets_them_in_the_system_prompt(
     assert "## Tools\nYou have access to the following tools:\n\n### Bash\n" in card
 
 
+def test_a_template_that_needs_a_tool_list_gets_an_empty_one() -> None:
+    """Issue 35, item 10: a template that iterates `tools` (or takes its length) failed on a
+    request without tools — a 400 "the prompt could not be rendered"."""
+    chat_template = template(
+        tools="{% for t in tools %}<tool>{{ t.function | tojson }}</tool>\n{% endfor %}"
+    )
+    with pytest.raises(TypeError):  # what the template does with tools=None
+        TemplateTokenizer(chat_template).apply_chat_template([{"role": "user", "content": "x"}])
+    behaviour = probed(chat_template)
+    assert behaviour.empty_tools and behaviour.tools_rendered
+    assert dataclasses.replace(behaviour, empty_tools=False) == probed(template())  # the rest
+    renderer = PromptRenderer(TemplateTokenizer(chat_template))  # type: ignore[arg-type]
+    text = renderer.render_text(request(hard_conversation(), tools=[]))
+    assert [p for p in KEPT if p not in text] == []
+    with_tools, _ = rendered(chat_template)
+    assert '"name": "Bash"' in with_tools.render_text(request(hard_conversation()))
+
+
+def test_a_template_that_refuses_tools_gets_them_in_the_system_prompt() -> None:
+    """A template written for a model without tool use raises when it is given tools: it
+    gets none, and the definitions go where a template that ignores them gets them."""
+    refusing = "{% if tools %}{{ raise_exception('tools are not supported') }}{% endif %}"
+    chat_template = refusing + template()
+    behaviour = probed(chat_template)
+    assert not behaviour.tools_accepted and not behaviour.tools_rendered
+    assert behaviour.calls_rendered  # the probes render calls without offering tools
+    _, text = rendered(chat_template)
+    assert text.startswith("<system>SYSTEM_TOP\n\n# Tools\n")
+    assert '"name": "Bash", "description": "Run a shell command"' in text
+
+
 def test_gpt_oss_reasoning_goes_under_thinking_where_nothing_aliases_it() -> None:
     """Recent transformers copy `reasoning_content` into gpt-oss's `thinking`; older ones
     (and this double) do not, and the probe then finds `thinking` itself."""

@@ -187,7 +187,7 @@ def test_rows_fit_80_columns_and_carry_no_token() -> None:
     lines = _render(rows, 80)
     assert max(len(line) for line in lines) <= 80
     text = "\n".join(lines)
-    for expected in ("4242424", "launch", "mlx-community/Qwen2.5-7B", "qwen-coder-7b", "5.3 GB"):
+    for expected in ("4242424", "launch", "mlx-community/Qwen2.5-7B", "qwen-coder-7b", "4.9 GiB"):
         assert expected in text
     assert "2+1" in text and "1h02m" in text
     assert "secret-token" not in json.dumps(rows_json(rows))
@@ -267,6 +267,11 @@ def test_ps_lists_real_servers_and_stop_stops_them(tmp_path: Path) -> None:
         # The launcher passed SIGTERM on to claude and exits with claude's code.
         assert launch.wait(timeout=PROCESS_EXIT_S) == 40 + signal.SIGTERM
         assert json.loads((tmp_path / "report.json").read_text())["signals"] == [signal.SIGTERM]
+        assert "the agent session on it has ended" in " ".join(stopped.stderr.split())
+        assert launch.stderr is not None
+        said = " ".join(launch.stderr.read().split())  # and the launch says why, on its side
+        assert "this launch was stopped (SIGTERM: `mlx stop`" in said, said
+        assert f"exit code {40 + signal.SIGTERM}" in said
 
         # One left: a plain `mlx stop` stops it.
         last = _mlx(["stop"], env)

@@ -186,3 +186,34 @@ def test_a_request_cut_short_is_logged_with_its_prompt(caplog: pytest.LogCapture
     with caplog.at_level(logging.INFO, logger="mlxlaunch.server"):
         record.finish(499)
     assert "prompt=82000 cached=80000 output=0" in caplog.text and "status=499" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "properties": {"a": {"type": "string"}}, "required": 5},
+        {"type": "object", "properties": {"a": {"type": "string"}}, "required": None},
+        {"type": "object", "properties": {"a": {"type": "object", "required": "a"}}},
+        {"type": "object", "properties": [1, 2]},
+    ],
+    ids=["required-5", "required-null", "nested-required", "properties-list"],
+)
+def test_a_misshapen_tool_schema_is_a_400_naming_the_keyword_on_every_family(
+    server: ServerHandle, schema: Any
+) -> None:
+    """Issue 35, item 10: some families answered these with a 200 (the schema reached the
+    prompt as it was); now the wire refuses them on every family and every API."""
+    keyword = "properties" if isinstance(schema.get("properties"), list) else "required"
+    user = [{"role": "user", "content": "hi"}]
+    function = {"name": "t", "description": "d", "parameters": schema}
+    responses_tool = {"type": "function", **function}
+    for path, payload in (
+        ("/v1/messages", body(tools=[{"name": "t", "description": "d", "input_schema": schema}])),
+        ("/v1/chat/completions", {"model": "m", "messages": user,
+                                  "tools": [{"type": "function", "function": function}]}),
+        ("/v1/responses", {"model": "m", "input": "hi", "tools": [responses_tool]}),
+        ("/v1/messages", body(output_config={"format": {"type": "json_schema", "schema": schema}})),
+    ):  # fmt: skip
+        response = post(server, path, payload)
+        assert response.status_code == 400, (path, response.text[:300])
+        assert keyword in response.json()["error"]["message"], response.text[:300]

@@ -332,3 +332,13 @@ def test_an_unreadable_safeguards_field_is_ignored_not_refused(field: Any) -> No
     request = MessagesRequest.model_validate({**body, "safeguards": field})
     assert not request.safeguards
     assert SafetyCheck(FakeEngine("text"), SafetyCheckSettings()).for_request(request) is None
+
+
+def test_an_answer_no_reader_holds_is_unreadable_not_an_error() -> None:
+    """Model output: a 5,000-digit integer or deep nesting in the verdict was a ValueError
+    (RecursionError) out of the check, where unreadable means `unavailable`."""
+    from mlxlaunch.server.safeguards import parse_verdicts
+
+    call = ResponseToolUseBlock(id="toolu_1", name="Bash", input={})
+    for text in ('{"1": ' + "7" * 5000 + "}", "[" * 100_000 + "]" * 100_000):
+        assert parse_verdicts(text, [call]) is None

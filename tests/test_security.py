@@ -442,3 +442,31 @@ def test_a_path_or_url_as_model_is_400_and_loads_nothing(tiny_model_dir: Path) -
             assert engine.stats().state == "unloaded"
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("declared", ["\u00b2", "7" * 5000, "-1", "1e3"])
+def test_a_content_length_int_refuses_is_a_400(declared: str) -> None:
+    """`isdigit` takes "²", and int() refuses it (and 5,000 digits): those were a 500."""
+    import asyncio
+
+    from mlxlaunch.server.guards import RequestGuard
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        raise AssertionError("the guard let it through")
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/messages",
+        "headers": [(b"host", b"127.0.0.1"), (b"content-length", declared.encode("latin-1"))],
+    }
+    asyncio.run(RequestGuard(app)(scope, receive, send))
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 400

@@ -88,7 +88,7 @@ def test_offline_is_a_one_line_error(
 
 
 def test_recommend_for_a_given_memory(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["models", "recommend", "--memory", "32"]) == 0
+    assert main(["models", "recommend", "--memory", "32", "--compute", "metal"]) == 0
     assert capsys.readouterr().out.split("\t")[0] == "qwen3-coder-30b"
     assert main(["models", "recommend", "--memory", "0.5"]) == 2
 

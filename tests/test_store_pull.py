@@ -195,5 +195,5 @@ def test_rich_progress_shows_bytes_speed_and_eta(hub: FakeHub) -> None:
     pull(plan_pull(TINY_REPO), progress=RichPullProgress(console, label="tiny"))
     text = out.getvalue()
     assert "tiny" in text
-    assert "2.8/2.8 MB" in text  # DownloadColumn: done/total bytes
+    assert "2.7 MiB/2.7 MiB" in text  # done/total bytes, in the one size format
     assert "0:00:00" in text  # TimeRemainingColumn (ETA) at the end

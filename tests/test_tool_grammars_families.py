@@ -552,6 +552,14 @@ def test_a_reference_that_cannot_be_followed_is_an_invalid_request(
         )
 
 
+@pytest.mark.parametrize("step", ["\u00b2", "7" * 5000, "-1"], ids=["superscript", "huge", "sign"])
+def test_an_array_step_int_refuses_points_nowhere(step: str) -> None:
+    """`isdigit` takes "²" and int() refuses it (and 5,000 digits): a 500 before (issue 35)."""
+    schema = {"properties": {"x": {"$ref": f"#/$defs/a/{step}"}}, "$defs": {"a": [{}]}}
+    with pytest.raises(InvalidRequest, match="points nowhere"):
+        inline_refs(schema)
+
+
 def test_refs_inline_with_their_siblings_and_escaped_pointers() -> None:
     schema = {
         "definitions": {"a/b": {"type": "string"}, "n": {"type": "integer"}},

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from mlxlaunch import __version__
+from mlxlaunch.cli.lazy_group import ROOT_SETTINGS, LazyGroup
 
 if TYPE_CHECKING:
     from mlxlaunch.engine.config import LogitsHook
@@ -33,11 +34,12 @@ app = typer.Typer(
         "  mlx bench --quick --model tiny"
     ),
     no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-    # Completion comes from `mlx completions` (static scripts), not typer's call-back scripts.
-    add_completion=False,
+    # Commands are built when used (cli/lazy_group.py); ROOT_SETTINGS: rich_markup_mode=None,
+    # no pretty exceptions, and completion from `mlx completions` (static scripts), not
+    # typer's call-back scripts.
+    cls=LazyGroup,
     context_settings={"help_option_names": ["-h", "--help"]},
+    **ROOT_SETTINGS,
 )
 
 

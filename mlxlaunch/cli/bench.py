@@ -1,31 +1,27 @@
-"""`mlx bench`: how fast this machine serves a model, next to mlx-lm's own server."""
+"""`mlx bench`: how fast this machine serves a model, next to mlx-lm's own server.
+
+The benchmark's own modules (and mlx-lm behind them) are imported when the command runs:
+every other `mlx` command, `mlx --help` included, must not pay for them.
+"""
 
 from __future__ import annotations
 
-import asyncio
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
 
-from mlxlaunch.bench.chart import turn_ttft_svg
-from mlxlaunch.bench.config import BenchConfig
-from mlxlaunch.bench.report import caveats, markdown_table, render_table, write_json
+from mlxlaunch.cli.consoles import stdout_console
 from mlxlaunch.cli.options import model_option
 from mlxlaunch.errors import ConfigError
-from mlxlaunch.launch.models import resolve_name
+from mlxlaunch.home import mlxlaunch_home
 
 if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import Progress, ProgressColumn, TaskID
+
+    from mlxlaunch.bench.config import BenchConfig
     from mlxlaunch.cluster.hosts import Cluster
 
 
@@ -118,8 +114,14 @@ def bench(
         typer.Option(min=1, help="Our server's batch width (default: the engine's)."),
     ] = None,
     out: Annotated[
-        Path, typer.Option("--out", help="Directory for the JSON report and the SVG chart.")
-    ] = Path("mlx-bench"),
+        Path | None,
+        typer.Option(
+            "--out",
+            help="Directory for the JSON report and the SVG chart (default: mlxlaunch's "
+            "home, bench/; never the current directory, which may be your project).",
+            show_default=False,
+        ),
+    ] = None,
     hosts: Annotated[
         str | None,
         typer.Option(
@@ -186,6 +188,9 @@ def bench(
         raise ConfigError("--url measures one server already running; --hosts starts its own")
     if cluster is None and ranks is not None:
         raise ConfigError("--ranks needs --hosts or --hostfile")
+    from mlxlaunch.bench.config import BenchConfig
+    from mlxlaunch.bench.report import caveats, markdown_table, render_table
+
     config = BenchConfig.create(
         quick=quick,
         turns=turns,
@@ -199,12 +204,13 @@ def bench(
         tool_loop=tool_loop,
         codex_session=codex_session,
     )
-    console = Console()
-    if not console.is_terminal:  # logs and CI: don't wrap the table at 80 columns
-        console = Console(width=140)
-    # Imported here: the harness pulls in mlx-lm, which every other `mlx` command must not pay for.
-    from mlxlaunch.bench.harness import BenchOptions, run_benchmark
+    console = stdout_console()  # logs and CI: the table is not wrapped at 80 columns
+    import asyncio
 
+    from mlxlaunch.bench.harness import BenchOptions, run_benchmark
+    from mlxlaunch.launch.models import resolve_name
+
+    out = out if out is not None else bench_dir()
     model_dir = resolve_name(model)
     if cluster is not None:
         _bench_cluster(cluster, ranks, str(model_dir), model, config, max_concurrency, out, console)
@@ -218,7 +224,7 @@ def bench(
         peer=peer,
         max_concurrency=max_concurrency,
     )
-    with Progress(*PROGRESS_COLUMNS, console=console, transient=True) as progress:
+    with _progress(console) as progress:
         outcome = asyncio.run(run_benchmark(options, ProgressBars(progress)))
     for warning in outcome.warnings:
         console.print(f"[yellow]warning:[/] {warning}")
@@ -229,12 +235,28 @@ def bench(
     _write(out, report, markdown_table(report, outcome.rows), outcome, model, console)
 
 
-PROGRESS_COLUMNS = (
-    TextColumn("{task.description}"),
-    BarColumn(),
-    MofNCompleteColumn(),
-    TimeElapsedColumn(),
-)
+def bench_dir() -> Path:
+    """Where `mlx bench` writes its reports unless told: the mlxlaunch home's `bench/`."""
+    return mlxlaunch_home() / "bench"
+
+
+def _progress(console: Console) -> Progress:
+    """The run's progress bars: a phase, its bar, steps done, time so far."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    columns: tuple[ProgressColumn, ...] = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    return Progress(*columns, console=console, transient=True)
 
 
 def _title(report: dict[str, Any], model: str) -> str:
@@ -250,6 +272,9 @@ def _write(
     out: Path, report: dict[str, Any], table: str, outcome: Any, model: str, console: Console
 ) -> None:
     """The JSON report, the Markdown table and the per-turn TTFT chart, under `out`."""
+    from mlxlaunch.bench.chart import turn_ttft_svg
+    from mlxlaunch.bench.report import write_json
+
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     json_path = write_json(report, out / f"bench-{stamp}.json")
     chart_path = out / f"bench-{stamp}-ttft.svg"
@@ -270,9 +295,12 @@ def _bench_cluster(
     console: Console,
 ) -> None:
     """`mlx bench --hosts`: every rank count in turn, then the table of them side by side."""
+    import asyncio
+
     from mlxlaunch.bench.cluster_bench import ClusterBenchOptions, run_cluster_benchmark
     from mlxlaunch.bench.rank_report import rank_markdown, render_rank_table
     from mlxlaunch.bench.ranks import parse_ranks
+    from mlxlaunch.bench.report import caveats
 
     options = ClusterBenchOptions(
         model_dir,
@@ -282,7 +310,7 @@ def _bench_cluster(
         config,
         max_concurrency=max_concurrency,
     )
-    with Progress(*PROGRESS_COLUMNS, console=console, transient=True) as progress:
+    with _progress(console) as progress:
         outcome = asyncio.run(run_cluster_benchmark(options, ProgressBars(progress)))
     for warning in outcome.warnings:
         console.print(f"[yellow]warning:[/] {warning}")

@@ -108,8 +108,16 @@ def command_tree(cmd: Any = None, path: tuple[str, ...] = ()) -> CommandNode:
     if path:
         node.options += [OptionSpec((flag,), text) for flag, text in GLOBAL_FLAGS]
     node.options.append(OptionSpec(("-h", "--help"), "Show help."))
-    for name in sorted(getattr(cmd, "commands", {})):
-        sub = cmd.commands[name]
+    for name, sub in sorted(subcommands(cmd).items()):
         if not sub.hidden:
             node.children.append(command_tree(sub, (*path, name)))
     return node
+
+
+def subcommands(cmd: Any) -> dict[str, Any]:
+    """A group's commands by name, each built (the root builds its own on first use, see
+    cli/lazy_group.py); {} for a command. Neither click nor Typer reads the context here."""
+    if not hasattr(cmd, "list_commands"):
+        return {}
+    built = {name: cmd.get_command(None, name) for name in cmd.list_commands(None)}
+    return {name: sub for name, sub in built.items() if sub is not None}

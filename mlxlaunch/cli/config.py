@@ -1,7 +1,9 @@
 """`mlx config set/get/unset/show`: the user's settings (default model and launch defaults).
 
 Values are checked by `mlxlaunch.config` when set and when read, so a bad one is refused here
-with its reason instead of failing a later launch.
+with its reason instead of failing a later launch; a model setting is also checked against
+the models mlx knows when it is set (never when read: a model may be removed later, and a
+launch then says the name came from this setting).
 """
 
 from __future__ import annotations
@@ -10,11 +12,12 @@ import json
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from mlxlaunch.cli.consoles import stderr_console, stdout_console
 from mlxlaunch.cli.options import JsonOption
 from mlxlaunch.config import KEYS, config_path, load_config, set_value, unset_value
+from mlxlaunch.errors import ModelNotFound
 
 config_app = typer.Typer(
     name="config",
@@ -73,8 +76,21 @@ Examples:
 
 @config_app.command("set", help=SET_HELP)
 def config_set(key: KeyArg, value: Annotated[str, typer.Argument(show_default=False)]) -> None:
+    downloaded = True
+    spec = KEYS.get(key)
+    if spec is not None and spec.names_model:
+        from mlxlaunch.launch.models import checked_model_name
+
+        try:
+            value, downloaded = checked_model_name(value.strip())
+        except ModelNotFound as exc:
+            raise ModelNotFound(f"cannot set {key}: {exc.message}", hint=exc.hint) from exc
     stored = set_value(key, value)
     typer.echo(f"{key} = {stored}  ({config_path()})")
+    if not downloaded:
+        stderr_console().print(
+            f"note: {stored} is not downloaded yet: mlx models pull {stored}", highlight=False
+        )
 
 
 @config_app.command("get", help=GET_HELP)
@@ -106,4 +122,4 @@ def config_show(as_json: JsonOption = False) -> None:
     for key, spec in KEYS.items():
         value = loaded.get(key)
         table.add_row(key, "-" if value is None else str(value), spec.help)
-    Console().print(table)
+    stdout_console().print(table)

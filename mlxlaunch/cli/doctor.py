@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from mlxlaunch.cli.consoles import stdout_console
 from mlxlaunch.cli.layout import Column, print_lines, report_table, table_width, wrap_words
 from mlxlaunch.cli.options import JsonOption
 from mlxlaunch.cluster.hosts import cluster_from_options
@@ -166,7 +167,7 @@ def doctor(
             report["cluster"] = cluster_json(*cluster)
         typer.echo(json.dumps(report, indent=2))
     else:
-        console = Console()
+        console = stdout_console()
         print_checks(console, checks)
         if cluster is not None:
             print_checks(console, cluster[0], CLUSTER_TITLE)

@@ -30,6 +30,7 @@ from mlxlaunch.cli.cluster_options import (
     HostsOption,
     ParallelOption,
 )
+from mlxlaunch.cli.consoles import stderr_console
 from mlxlaunch.cli.options import model_option
 from mlxlaunch.cli.scheduler_options import (
     DEFAULT_IDLE_CLEAR,
@@ -55,7 +56,7 @@ from mlxlaunch.launch.claude_install import find_or_install
 from mlxlaunch.launch.integrations import CLAUDE, CODEX, OPENCODE, Integration
 from mlxlaunch.launch.node import NODE_FIX, node_facts, node_problem, runs_under_node
 from mlxlaunch.launch.terminal_check import check_claude_can_start
-from mlxlaunch.store.catalog import recommend
+from mlxlaunch.store.catalog import catalog_entry, recommend
 from mlxlaunch.store.compute import this_machine
 from mlxlaunch.store.memory import format_bytes
 
@@ -75,7 +76,7 @@ launch_app = typer.Typer(
     no_args_is_help=True,
 )
 
-_console = Console(stderr=True)
+_console = stderr_console()
 
 CLAUDE_HELP = f"""Run Claude Code against a local model.
 
@@ -98,22 +99,35 @@ Examples:
 """
 
 
-def _offer_pull(console: Console, yes: bool) -> bool:
-    """Pull the recommended model if the user agrees (or said --yes); True when pulled."""
-    entry = recommend()
-    if entry is None or not (yes or sys.stdin.isatty()):
+def _offer_pull(console: Console, yes: bool, name: str | None) -> bool:
+    """Pull `name` (None: the recommended model) if the user agrees, or said --yes; True when
+    pulled. Without a terminal and without --yes nothing is asked and nothing pulled."""
+    if not (yes or sys.stdin.isatty()):
         return False
-    question = (
-        f"No model is downloaded. Pull the recommended {entry.alias} ({entry.repo_id}, "
-        f"{format_bytes(entry.size_bytes)} download, suits {this_machine().describe()})?"
-    )
+    if name is None:
+        entry = recommend()
+        if entry is None:
+            return False
+        name = entry.alias
+        question = (
+            f"No model is downloaded. Pull the recommended {entry.alias} ({entry.repo_id}, "
+            f"{format_bytes(entry.size_bytes)} download, suits {this_machine().describe()})?"
+        )
+    else:
+        known = catalog_entry(name)
+        what = (
+            f"{known.repo_id}, {format_bytes(known.size_bytes)} download"
+            if known
+            else "from the hub"
+        )
+        question = f"{name} is not downloaded. Pull it now ({what})?"
     # No by default: a stray Enter must not start a download of gigabytes.
     if not yes and not typer.confirm(question, default=False, err=True):
         return False
     from mlxlaunch.store.progress import RichPullProgress
     from mlxlaunch.store.pull import plan_pull, pull
 
-    pull(plan_pull(entry.alias), progress=RichPullProgress(console, label=entry.alias))
+    pull(plan_pull(name), progress=RichPullProgress(console, label=name))
     return True
 
 
@@ -150,6 +164,13 @@ YesOption = Annotated[
 VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="Say more.")]
 UrlOption = Annotated[str | None, typer.Option(help="With --print-env: the server's URL.")]
 TokenOption = Annotated[str | None, typer.Option(help="With --print-env: the server's token.")]
+# The same two for the other agents, whose flag is --print-config.
+ConfigUrlOption = Annotated[
+    str | None, typer.Option("--url", help="With --print-config: the server's URL.")
+]
+ConfigTokenOption = Annotated[
+    str | None, typer.Option("--token", help="With --print-config: the server's token.")
+]
 
 
 def _preload_option(agent: str, default: bool | None = None) -> Any:
@@ -338,7 +359,7 @@ def _run(
         agent,
         options,
         console=_console,
-        offer_pull=lambda: _offer_pull(_console, a.yes),
+        offer_pull=lambda name: _offer_pull(_console, a.yes, name),
         logits_hook=given.logits_hook,
         rank_command=given.rank_command,
     )
@@ -406,7 +427,10 @@ def _agent_command(agent: Integration, example: str) -> None:
         speculate: SpeculateOption = DEFAULT_SPECULATE,
         draft_model: DraftModelOption = None,
         debug_cache: DebugCacheOption = False,
-        safeguards: SafeguardsOption = True,
+        # Claude Code's auto-mode check: no other agent asks it, so it is not offered here.
+        safeguards: Annotated[
+            bool, typer.Option("--safeguards/--no-safeguards", hidden=True)
+        ] = True,
         preload: bool = _preload_option(agent.binary, False),
         agent_bin: str | None = typer.Option(
             None,
@@ -429,8 +453,8 @@ def _agent_command(agent: Integration, example: str) -> None:
                 help="Print the settings it would get from a running server, then exit.",
             ),
         ] = False,
-        url: UrlOption = None,
-        token: TokenOption = None,
+        url: ConfigUrlOption = None,
+        token: ConfigTokenOption = None,
         hosts: HostsOption = None,
         hostfile: HostfileOption = None,
         backend: BackendOption = None,
@@ -506,10 +530,16 @@ def _print_config(
         raise ConfigError(
             "the server does not say its context window", hint="pass --context-length"
         )
+    from mlxlaunch.launch.session import launch_dirs, prepare_launch_dir
+
     target = AgentTarget(found.base_url, found.auth_token, settings, cwd=Path.cwd())
-    setup = agent.configure(target, Path(f"<launch dir of mlx launch {agent.name}>"))
+    # A real directory, written now, so the export lines work as printed (a CODEX_HOME):
+    # one per agent, beside the per-launch ones, rewritten by each --print-config.
+    config_dir = launch_dirs(agent) / "print-config"
+    setup = agent.configure(target, config_dir)
+    prepare_launch_dir(setup, config_dir)
     for name, text in setup.files.items():
-        typer.echo(f"# {name}\n{text}")
+        typer.echo(f"# {config_dir / name} (written)\n{text}")
     typer.echo(export_lines(dict(setup.env)))
 
 

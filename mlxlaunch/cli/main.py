@@ -11,36 +11,44 @@ import os
 import sys
 
 import typer
-from rich.console import Console
+from rich.markup import escape
 
 from mlxlaunch.blas import use_optimised_blas
-from mlxlaunch.cli import bench, completions, config, dash, doctor, launch, models, ps, serve
 from mlxlaunch.cli.app import Overrides, app
+from mlxlaunch.cli.consoles import stderr_console
+from mlxlaunch.cli.lazy_group import LazyCommand, register
 from mlxlaunch.errors import MlxLaunchError
 
 # Every command and group of `mlx`, registered here and nowhere else (as huggingface_hub's
-# `hf.py` does); `mlx --help` lists the commands in this order, then the groups. A new command
-# adds one line. `short_help` is its line in that list, short enough to show whole at 80 columns.
-app.add_typer(
-    launch.launch_app,
-    name="launch",
-    short_help="Start an agent (Claude Code, Codex, opencode) on a local model.",
+# `hf.py` does), by module and name: a command's module is imported when it runs
+# (cli/lazy_group.py), so `mlx --help` and the shell completion's `mlx models list --names`
+# import nothing they do not use. `mlx --help` lists them in this order. A new command adds
+# one line; `short_help` is its line in that list, short enough to show whole at 80 columns.
+COMMANDS = (
+    LazyCommand("serve", "serve", "serve", "Serve a model (Anthropic Messages API).", "SERVE_HELP"),
+    LazyCommand("ps", "ps", "ps", "List the mlx servers running here.", "PS_HELP"),
+    LazyCommand("stop", "ps", "stop", "Stop a running mlx server.", "STOP_HELP"),
+    LazyCommand("doctor", "doctor", "doctor", "Check this machine and suggest fixes."),
+    LazyCommand("dash", "dash", "dash", "Watch a running server live.", "DASH_HELP"),
+    LazyCommand("bench", "bench", "bench", "Measure time to first token and decode speed."),
+    LazyCommand("completions", "completions", "completions", "Print shell completion scripts."),
+    LazyCommand(
+        "launch",
+        "launch",
+        "launch_app",
+        "Start an agent (Claude Code, Codex, opencode) on a local model.",
+    ),
+    LazyCommand(
+        "models", "models", "models_app", "Manage local MLX models (the Hugging Face hub cache)."
+    ),
+    LazyCommand("config", "config", "config_app", "Read and change your settings."),
 )
-app.command("serve", help=serve.SERVE_HELP, short_help="Serve a model (Anthropic Messages API).")(
-    serve.serve
-)
-app.command("ps", help=ps.PS_HELP, short_help="List the mlx servers running here.")(ps.ps)
-app.command("stop", help=ps.STOP_HELP, short_help="Stop a running mlx server.")(ps.stop)
-app.add_typer(models.models_app, name="models")
-app.command("doctor", short_help="Check this machine and suggest fixes.")(doctor.doctor)
-app.command("dash", help=dash.DASH_HELP, short_help="Watch a running server live.")(dash.dash)
-app.command("bench", short_help="Measure time to first token and decode speed.")(bench.bench)
-app.add_typer(config.config_app, name="config")
-app.command("completions", short_help="Print shell completion scripts.")(completions.completions)
+for command in COMMANDS:
+    register(command)
 
 DEBUG_FLAG = "--debug"
 
-_err = Console(stderr=True)
+_err = stderr_console()
 
 
 def take_debug_flag(args: list[str]) -> tuple[bool, list[str]]:
@@ -55,6 +63,27 @@ def take_debug_flag(args: list[str]) -> tuple[bool, list[str]]:
         return False, list(args)
     rest = [a for a in args[:end] if a != DEBUG_FLAG] + args[end:]
     return True, [DEBUG_FLAG, *rest]
+
+
+def explain_usage_error(exc: Exception) -> None:
+    """Add what to do to click's message where it says only what went wrong.
+
+    An option that a command does not know, given to a command that hands the words after
+    `--` to another program (`mlx launch claude -p …`), was most likely meant for that
+    program: say where its arguments go.
+    """
+    option, ctx = getattr(exc, "option_name", None), getattr(exc, "ctx", None)
+    message = getattr(exc, "message", None)
+    if not isinstance(option, str) or ctx is None or not isinstance(message, str):
+        return
+    passes_on = [p for p in ctx.command.params if p.param_type_name == "argument" and p.nargs == -1]
+    if not passes_on:
+        return
+    program = ctx.info_name or "it"
+    exc.message = (  # type: ignore[attr-defined]
+        f"{message}. Options for {program} itself go after `--`: "
+        f"{ctx.command_path} [OPTIONS] -- {option} …"
+    )
 
 
 def main(argv: list[str] | None = None, *, overrides: Overrides | None = None) -> int:
@@ -72,9 +101,10 @@ def main(argv: list[str] | None = None, *, overrides: Overrides | None = None) -
     except MlxLaunchError as exc:
         if debug:
             raise
-        _err.print(f"[bold red]error:[/] {exc.message}", highlight=False)
+        # Messages carry what users, files and other hosts wrote: shown as text, not markup.
+        _err.print(f"[bold red]error:[/] {escape(exc.message)}", highlight=False)
         if exc.hint:
-            _err.print(f"[dim]hint:[/] {exc.hint}", highlight=False)
+            _err.print(f"[dim]hint:[/] {escape(exc.hint)}", highlight=False)
         return exc.exit_code
     except typer.Exit as exc:
         return exc.exit_code
@@ -87,11 +117,15 @@ def main(argv: list[str] | None = None, *, overrides: Overrides | None = None) -
         # Typer vendors click, so usage errors are recognised by shape, not by class.
         show, code = getattr(exc, "show", None), getattr(exc, "exit_code", None)
         if callable(show) and isinstance(code, int):
+            explain_usage_error(exc)
             show()
             return code
         if debug:
             raise
-        _err.print(f"[bold red]internal error:[/] {type(exc).__name__}: {exc}", highlight=False)
+        _err.print(
+            f"[bold red]internal error:[/] {type(exc).__name__}: {escape(str(exc))}",
+            highlight=False,
+        )
         _err.print("[dim]run again with --debug for the traceback[/]")
         return 70
     return result if isinstance(result, int) else 0

@@ -7,18 +7,17 @@ Every command is a thin shell over `mlxlaunch.store`; failures are typed errors 
 from __future__ import annotations
 
 import json
-import shlex
 import shutil
 import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.text import Text
 
+from mlxlaunch.cli.consoles import stderr_console, stdout_console
 from mlxlaunch.cli.model_views import (
     catalog_json,
     info_fields,
@@ -29,33 +28,46 @@ from mlxlaunch.cli.model_views import (
 )
 from mlxlaunch.cli.options import MODEL_METAVAR, JsonOption
 from mlxlaunch.cluster.architecture import parallel_mode
-from mlxlaunch.cluster.hosts import PARALLEL_MODES, is_local, parse_hosts, read_hostfile
+from mlxlaunch.cluster.hosts import (
+    PARALLEL_MODES,
+    is_local,
+    parse_hosts,
+    read_hostfile,
+    ssh_argv,
+)
+from mlxlaunch.cluster.remote_text import printable
 from mlxlaunch.errors import ConfigError, MlxLaunchError, ModelNotFound
-from mlxlaunch.launch.models import is_test_model_name, notice_for_test_model, offline_model_dir
-from mlxlaunch.store import (
-    CATALOG,
+from mlxlaunch.launch.models import (
+    DEMO_MODEL,
+    is_test_model_name,
+    notice_for_test_model,
+    offline_model_dir,
+    offline_model_names,
+)
+from mlxlaunch.store.catalog import CATALOG, catalog_entry, recommendation
+from mlxlaunch.store.compute import BACKENDS, Compute, this_machine
+from mlxlaunch.store.facts import read_facts
+from mlxlaunch.store.inventory import (
     LocalModel,
-    catalog_entry,
-    execute_removal,
     find_local,
     list_models,
-    plan_pull,
-    plan_removal,
-    pull,
-    read_facts,
-    recommend,
-    register_local,
+    local_model_names,
     snapshot_complete,
 )
-from mlxlaunch.store.memory import GIB, format_bytes, memory_fit
-from mlxlaunch.store.progress import RichPullProgress
-from mlxlaunch.store.pull import PullPlan
+from mlxlaunch.store.memory import GIB, format_bytes
+from mlxlaunch.store.registry import register_local
 from mlxlaunch.store.shards import (
     ShardSpec,
     layer_range,
     parse_shard,
     pipeline_split,
 )
+
+if TYPE_CHECKING:
+    from mlxlaunch.store.pull import PullPlan
+
+# Pulling and removing need the hub client (huggingface_hub, httpx: ~0.3 s to import): they
+# are imported by the commands that use them, so `mlx --help` and completion do not wait.
 
 models_app = typer.Typer(
     name="models",
@@ -72,12 +84,12 @@ models_app = typer.Typer(
 
 TEST_MODEL_NOTE = "test model: built offline on first use, nothing to download or pull"
 
-_err = Console(stderr=True)
+_err = stderr_console()
 
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
 MemoryOpt = Annotated[
     float | None,
-    typer.Option("--memory", help="Judge for a machine with this many GiB (default: this one)."),
+    typer.Option("--memory", help="Judge for this machine with this many GiB (default: its own)."),
 ]
 ModelArg = Annotated[
     str,
@@ -188,6 +200,9 @@ def _pull_here(
     name: str, revision: str | None, force: bool, shard: ShardSpec | None, where: str = ""
 ) -> None:
     """Plan, report and run one pull into this machine's cache (of `shard`'s ranks only)."""
+    from mlxlaunch.store.progress import RichPullProgress
+    from mlxlaunch.store.pull import plan_pull, pull
+
     plan = plan_pull(name, revision=revision, shard=shard)
     label = plan.alias or plan.repo_id
     lead = f"{where}: " if where else ""
@@ -234,6 +249,8 @@ def _pull_on_hosts(
 ) -> None:
     """Pull on every host of a cluster at once; any host's failure is reported by its name
     and makes the command exit non-zero once all have finished."""
+    from mlxlaunch.store.pull import plan_pull
+
     if hosts is not None and hostfile is not None:
         raise ConfigError("give --hosts or --hostfile, not both")
     names = read_hostfile(hostfile)[0] if hostfile is not None else parse_hosts(hosts or "")
@@ -295,13 +312,13 @@ def _remote_pull_argv(
         raise ConfigError("ssh is not installed: it starts the pulls on the other hosts")
     # COLUMNS: its lines are shown here under the host's name, not wrapped at 80.
     command = ["env", "COLUMNS=160", python or sys.executable, "-m", "mlxlaunch", "models"]
-    command += ["pull", name]
-    command += ["--revision", commit]
+    command += ["pull", "--revision", commit]
     if force:
         command.append("--force")
     if shard is not None:
         command += ["--shard", shard.label]
-    return [ssh, "-o", "BatchMode=yes", host, shlex.join(command)]
+    command += ["--", name]  # the name is never read as an option there
+    return ssh_argv(host, command, ("-o", "BatchMode=yes"), ssh=ssh)
 
 
 def _start_remote(
@@ -327,7 +344,7 @@ def _show_remote(host: str, proc: subprocess.Popen[str], failures: dict[str, str
     assert proc.stdout is not None
     with proc.stdout:
         for line in proc.stdout:
-            if line := line.rstrip():
+            if line := printable(line.rstrip()):  # another machine's text: no escapes
                 tail = line
                 _err.print(Text.assemble((f"{host}: ", "dim"), line))
     code = proc.wait()
@@ -344,7 +361,8 @@ def list_command(
         bool, typer.Option("--names", help="Print only the names, one a line.")
     ] = False,
 ) -> None:
-    """List local models: hub-cache downloads and directories added with `mlx models add`.
+    """List local models: hub-cache downloads and directories added with `mlx models add`,
+    then the offline test models (`demo` first), which need no download.
 
     Examples:
 
@@ -354,18 +372,29 @@ def list_command(
 
       mlx models list --names
     """
+    if names:  # what shell completion runs on every TAB: names only, no weights read
+        for name in local_model_names():
+            typer.echo(name)
+        return
     models = list_models()
     if as_json:
         typer.echo(json.dumps([m.as_json() for m in models], indent=2))
         return
-    if names:
-        for model in models:
-            typer.echo(model.name)
-        return
     if not models:
-        _err.print("No local models. Try: mlx models recommend")
-        return
-    print_local_models(Console(), models)
+        _err.print("No local models. Try: mlx models recommend", highlight=False)
+    else:
+        print_local_models(stdout_console(), models)
+    _err.print(offline_models_line(), highlight=False)
+
+
+def offline_models_line() -> str:
+    """The test models, which `mlx models info` knows and which are never downloaded."""
+    tests = [n for n in offline_model_names() if n != DEMO_MODEL]
+    return (
+        f"Offline, nothing to download: {DEMO_MODEL} (scripted replies and a real tool round "
+        f"trip: mlx launch claude --model {DEMO_MODEL}); test models {', '.join(tests)} "
+        "(random weights, for tests and mlx bench)"
+    )
 
 
 def _require(name: str) -> LocalModel:
@@ -428,7 +457,7 @@ def info_command(name: ModelArg, as_json: JsonOption = False) -> None:
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
-    print_info(Console(), heading, fields)
+    print_info(stdout_console(), heading, fields)
 
 
 @models_app.command("rm", short_help="Remove a local model and free its files.")
@@ -441,6 +470,8 @@ def rm_command(name: ModelArg, yes: YesOpt = False) -> None:
 
       mlx models rm my-model --yes
     """
+    from mlxlaunch.store.remove import execute_removal, plan_removal
+
     removal = plan_removal(name)
     what = (
         f"delete {removal.name} ({format_bytes(removal.freed_bytes)}) from {removal.target}"
@@ -489,19 +520,33 @@ def catalog_command(as_json: JsonOption = False) -> None:
     if as_json:
         typer.echo(json.dumps(catalog_json(CATALOG), indent=2))
         return
-    print_catalog(Console(), CATALOG)
+    print_catalog(stdout_console(), CATALOG)
 
 
-def recommendation_json(memory: int | None, kind: str | None) -> dict[str, Any]:
-    """`mlx models recommend --json`: the pick, its figures, and whether it fits."""
-    entry = recommend(memory, kind=kind)
-    if entry is None:
+def _compute(backend: str | None) -> Compute:
+    here = this_machine()
+    if backend is None:
+        return here
+    chosen = next((b for b in BACKENDS if b == backend), None)
+    if chosen is None:
+        raise ConfigError(f"--compute {backend!r}: one of {', '.join(BACKENDS)}")
+    return Compute(chosen, here.cores)
+
+
+def recommendation_json(
+    memory: int | None, kind: str | None, compute: Compute | None = None
+) -> dict[str, Any]:
+    """`mlx models recommend --json`: the pick, its figures, whether it fits, and why it is
+    this one (this machine's compute unless told, whatever --memory says of its memory)."""
+    found = recommendation(memory, kind=kind, compute=compute or this_machine())
+    if found is None:
         raise ConfigError("no catalog model fits this machine's memory")
-    fit = memory_fit(entry.size_bytes, memory)
-    return catalog_json([entry])[0] | {
-        "fits": fit.fits,
-        "memory": fit.describe(),
-        "pull_command": f"mlx models pull {entry.alias}",
+    return catalog_json([found.entry])[0] | {
+        "fits": found.fit.fits,
+        "memory": found.fit.describe(),
+        "compute": found.compute.describe() if found.compute else None,
+        "speed_rule": found.speed_rule(),
+        "pull_command": f"mlx models pull {found.entry.alias}",
     }
 
 
@@ -509,9 +554,16 @@ def recommendation_json(memory: int | None, kind: str | None) -> dict[str, Any]:
 def recommend_command(
     memory: MemoryOpt = None,
     kind: Annotated[str | None, typer.Option("--kind", help="coder or general.")] = None,
+    compute: Annotated[
+        str | None,
+        typer.Option(
+            "--compute", help="Judge for metal, cuda or cpu (default: what MLX uses here)."
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """The best catalog model that fits this machine's memory.
+    """The best catalog model that fits this machine's memory and runs at a usable speed on
+    its compute (on a CPU-only machine, models too slow to answer in time are passed over).
 
     Prints `ALIAS<tab>REPO` (details on stderr), or one JSON document with --json.
 
@@ -521,9 +573,11 @@ def recommend_command(
 
       mlx models recommend --memory 32 --kind coder
 
+      mlx models recommend --memory 64 --compute metal
+
       mlx models pull "$(mlx models recommend | cut -f1)"
     """
-    data = recommendation_json(_gib(memory), kind)
+    data = recommendation_json(_gib(memory), kind, _compute(compute))
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
@@ -531,4 +585,6 @@ def recommend_command(
     size = format_bytes(data["size_bytes"])
     _err.print(f"{size} download, {data['context_window']:,}-token context", highlight=False)
     _err.print(f"memory: {data['memory']}", highlight=False)
+    if data["speed_rule"]:
+        _err.print(f"speed: {data['speed_rule']}", highlight=False)
     _err.print(f"pull it with: {data['pull_command']}", highlight=False)

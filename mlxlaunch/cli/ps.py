@@ -13,13 +13,13 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 from rich.text import Text
 
+from mlxlaunch.cli.consoles import stderr_console, stdout_console
 from mlxlaunch.cli.layout import Column, Record, print_report
 from mlxlaunch.cli.options import JsonOption
 from mlxlaunch.dash.snapshot import human_duration
@@ -34,9 +34,11 @@ from mlxlaunch.launch.processes import (
     select_servers,
     stop_server,
 )
-from mlxlaunch.protocol.stats import StatsSnapshot
 from mlxlaunch.runstate import RunState
 from mlxlaunch.store.memory import format_bytes
+
+if TYPE_CHECKING:
+    from mlxlaunch.protocol.stats import StatsSnapshot
 
 # Long enough for an idle server on a loaded laptop, short enough that `mlx ps` feels instant.
 STATS_TIMEOUT_S = 0.5
@@ -58,7 +60,8 @@ STOP_HELP = f"""Stop a running mlx server: SIGTERM, then wait for it to exit.
 
 With no argument and one server running, stops that one; with several, asks which (or, \
 without a terminal, lists them). TARGET is a pid, a model or a URL from `mlx ps`. A stopped \
-`mlx launch` ends its claude session too. Waits up to --timeout seconds \
+`mlx launch` ends the agent session running on it too: on a terminal that is asked first \
+(--yes does not ask), and both sides say so. Waits up to --timeout seconds \
 (default {STOP_TIMEOUT_S:.0f}).
 
 Examples:
@@ -72,9 +75,9 @@ Examples:
   mlx stop --all
 """
 
-_err = Console(stderr=True)
+_err = stderr_console()
 
-Stats = Callable[[RunState], StatsSnapshot | None]
+Stats = Callable[[RunState], "StatsSnapshot | None"]
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,9 @@ class ServerRow:
 def fetch_stats(state: RunState, timeout: float = STATS_TIMEOUT_S) -> StatsSnapshot | None:
     """The server's stats snapshot, or None when it does not answer in time (or at all)."""
     import httpx
+    from pydantic import ValidationError
+
+    from mlxlaunch.protocol.stats import StatsSnapshot
 
     if not state.url:
         return None
@@ -204,7 +210,7 @@ def ps(as_json: JsonOption = False) -> None:
     if not rows:
         _err.print("no mlx servers running (start one: mlx launch claude, or mlx serve)")
         return
-    print_servers(Console(), rows)
+    print_servers(stdout_console(), rows)
 
 
 def _choose(ambiguous: WhichServer) -> list[RunState]:
@@ -212,6 +218,8 @@ def _choose(ambiguous: WhichServer) -> list[RunState]:
     if not sys.stdin.isatty():
         raise ambiguous
     print_servers(_err, server_rows(ambiguous.servers))
+    if any(s.kind == "launch" for s in ambiguous.servers):
+        _err.print("stopping a launch ends the agent session running on it", highlight=False)
     pids = {str(s.pid): s for s in ambiguous.servers}
     answer = typer.prompt("pid to stop (or `all`)", err=True).strip()
     if answer == "all":
@@ -232,13 +240,18 @@ def stop(
     timeout: Annotated[
         float, typer.Option(min=0.0, help="Seconds to wait for each server to exit.")
     ] = STOP_TIMEOUT_S,
+    yes: Annotated[
+        bool, typer.Option("--yes", "-y", help="Stop a launch without asking on a terminal.")
+    ] = False,
 ) -> None:
     """Stop running mlx servers (help: STOP_HELP)."""
     servers = live_servers()
     try:
         chosen = select_servers(servers, target, every=every)
     except WhichServer as ambiguous:
-        chosen = _choose(ambiguous)
+        chosen = _choose(ambiguous)  # the list said what stopping a launch does
+    else:
+        chosen = _sessions_agreed(chosen, ask=not yes and sys.stdin.isatty())
     failed = 0
     for state in chosen:
         label = f"{state.pid} ({state.kind}, {model_label(state.model)})"
@@ -249,7 +262,8 @@ def stop(
             failed += 1
             continue
         if outcome.stopped:
-            _err.print(f"stopped {label} in {outcome.waited_s:.1f}s", highlight=False)
+            ended = "; the agent session on it has ended" if state.kind == "launch" else ""
+            _err.print(f"stopped {label} in {outcome.waited_s:.1f}s{ended}", highlight=False)
         else:
             _err.print(
                 f"[yellow]still running[/] after {timeout:.0f}s: {label}; "
@@ -259,3 +273,19 @@ def stop(
             failed += 1
     if failed:
         raise typer.Exit(1)
+
+
+def _sessions_agreed(chosen: list[RunState], *, ask: bool) -> list[RunState]:
+    """`chosen`, less the launches the user would rather keep: stopping one ends the agent
+    session on it (the user's Claude Code, say). Asked only when `ask` (a terminal, no
+    --yes); No by default, as a stray Enter must not end someone's session."""
+    launches = [s for s in chosen if s.kind == "launch"]
+    if not launches or not ask:
+        return chosen
+    names = ", ".join(f"{s.pid} ({model_label(s.model)})" for s in launches)
+    it = "it" if len(launches) == 1 else "each"
+    question = f"mlx launch {names}: stopping ends the agent session running on {it}. Stop?"
+    if typer.confirm(question, default=False, err=True):
+        return chosen
+    _err.print(f"left running: {names}", highlight=False)
+    return [s for s in chosen if s.kind != "launch"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from mlxlaunch.cli.app import overrides
 from mlxlaunch.cli.cache_options import (
@@ -21,6 +20,7 @@ from mlxlaunch.cli.cluster_options import (
     HostsOption,
     ParallelOption,
 )
+from mlxlaunch.cli.consoles import stderr_console
 from mlxlaunch.cli.options import model_option
 from mlxlaunch.cli.scheduler_options import (
     DEFAULT_IDLE_CLEAR,
@@ -57,7 +57,7 @@ Examples:
   mlx serve --model qwen-coder-7b --hosts 127.0.0.1,10.0.0.2
 """
 
-_console = Console(stderr=True)
+_console = stderr_console()
 
 
 def serve(

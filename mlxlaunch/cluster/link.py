@@ -24,6 +24,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from mlxlaunch.cluster.hosts import Cluster, launch_argv
 
@@ -67,12 +68,13 @@ def measure_link(
     """Start the ranks of `cluster` through `mlx.launch` and time their collectives; never
     raises for a failed run (the error is in the figures)."""
     command = ["-m", __name__, "--backend", cluster.backend, "--bytes", str(payload_bytes)]
-    try:
-        argv = launch_argv(cluster, command, python=python)
-    except Exception as exc:  # no mlx.launch, no free ports
-        return LinkFigures(cluster.size, error=getattr(exc, "message", str(exc)))
-    # mlx.launch writes a hostfile per rank into TMPDIR and leaves it: keep them in our own.
+    # mlx.launch writes a hostfile per rank into TMPDIR and leaves it: keep them in our own,
+    # with the ring's hostfile when one is made here.
     with tempfile.TemporaryDirectory(prefix="mlxlaunch-link-") as scratch:
+        try:
+            argv = launch_argv(cluster, command, python=python, scratch=Path(scratch))
+        except Exception as exc:  # no mlx.launch, no free ports
+            return LinkFigures(cluster.size, error=getattr(exc, "message", str(exc)))
         launcher = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,  # not /dev/null: mlx.launch's stdin relay would spin on it

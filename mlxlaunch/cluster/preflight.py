@@ -18,7 +18,6 @@ from __future__ import annotations
 import inspect
 import json
 import re
-import shlex
 import struct
 import subprocess
 import sys
@@ -28,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from mlxlaunch.cluster.hosts import Cluster, Parallel, is_local
+from mlxlaunch.cluster.hosts import Cluster, Parallel, is_local, ssh_argv
+from mlxlaunch.cluster.remote_text import printable
 from mlxlaunch.errors import ConfigError
 from mlxlaunch.store.memory import format_bytes
 
@@ -74,29 +74,88 @@ class HostFacts:
 
     @classmethod
     def from_probe(cls, host: str, data: dict[str, Any]) -> HostFacts:
-        """The facts in the probe's JSON (fields it lacks stay empty)."""
-        memory = data.get("memory") or {}
+        """The facts in the probe's JSON (fields it lacks stay empty).
+
+        The answer is another machine's data: each field must have its type, and its text is
+        made printable (cluster/remote_text.py) before anything shows it.
+
+        Raises:
+            ValueError: a field of the wrong type, named.
+        """
+        memory = _object(data.get("memory"), "memory")
         model = data.get("model")
+        versions = _object(data.get("versions"), "versions")
+        backends = _object(data.get("backends"), "backends")
         return cls(
             host=host,
             reachable=True,
-            hostname=data.get("hostname"),
-            versions=dict(data.get("versions") or {}),
-            total_memory=memory.get("total"),
-            available_memory=memory.get("available"),
-            backends={k: bool(v) for k, v in (data.get("backends") or {}).items()},
-            model=ModelOnHost(
-                found=bool(model.get("found")),
-                path=model.get("path"),
-                weight_bytes=int(model.get("weight_bytes") or 0),
-                fingerprint=model.get("fingerprint"),
-                error=model.get("error"),
-                test_model=bool(model.get("test_model")),
-            )
-            if isinstance(model, dict)
-            else None,
-            errors=tuple(data.get("errors") or ()),
+            hostname=_text(data.get("hostname"), "hostname"),
+            versions={printable(k, 100): _text(v, f"versions.{k}") for k, v in versions.items()},
+            total_memory=_count(memory.get("total"), "memory.total"),
+            available_memory=_count(memory.get("available"), "memory.available"),
+            backends={printable(k, 100): _flag(v, f"backends.{k}") for k, v in backends.items()},
+            model=None if model is None else _model_on_host(_object(model, "model")),
+            errors=tuple(_text(e, "errors") or "" for e in _list(data.get("errors"), "errors")),
         )
+
+
+def _model_on_host(model: dict[str, Any]) -> ModelOnHost:
+    return ModelOnHost(
+        found=_flag(model.get("found"), "model.found"),
+        path=_text(model.get("path"), "model.path"),
+        weight_bytes=_count(model.get("weight_bytes"), "model.weight_bytes") or 0,
+        fingerprint=_text(model.get("fingerprint"), "model.fingerprint"),
+        error=_text(model.get("error"), "model.error"),
+        test_model=_flag(model.get("test_model"), "model.test_model"),
+    )
+
+
+# Readers of one field of a probe's answer: its value if it has the field's type (None when
+# absent), else a ValueError that names the field.
+
+
+def _wrong(what: str, value: Any, wanted: str) -> ValueError:
+    return ValueError(f"{printable(what, 100)} is {type(value).__name__}, not {wanted}")
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _wrong(what, value, "an object")
+    return value
+
+
+def _list(value: Any, what: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise _wrong(what, value, "a list")
+    return value
+
+
+def _text(value: Any, what: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise _wrong(what, value, "text")
+    return printable(value)
+
+
+def _count(value: Any, what: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _wrong(what, value, "a byte count")
+    return value
+
+
+def _flag(value: Any, what: str) -> bool:
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise _wrong(what, value, "true or false")
+    return value
 
 
 def probe_command(host: str, model: str | None, *, python: str | None = None) -> list[str]:
@@ -104,10 +163,10 @@ def probe_command(host: str, model: str | None, *, python: str | None = None) ->
     prompt: BatchMode), with the same interpreter path as here unless `python` is given."""
     command = [python or sys.executable, "-m", PROBE_MODULE]
     if model is not None:
-        command += ["--model", model]
+        command.append(f"--model={model}")  # one word: a name that starts with - stays a value
     if is_local(host):
         return command
-    return ["ssh", *SSH_OPTIONS, host, shlex.join(command)]
+    return ssh_argv(host, command, SSH_OPTIONS)
 
 
 def probe_host(
@@ -124,7 +183,7 @@ def probe_host(
     except OSError as exc:
         return HostFacts(host, False, f"{argv[0]}: {exc.strerror or exc}")
     stderr = done.stderr.strip().splitlines()
-    last = stderr[-1] if stderr else f"exit status {done.returncode}"
+    last = printable(stderr[-1], 300) if stderr else f"exit status {done.returncode}"
     if not is_local(host) and done.returncode == SSH_UNREACHABLE:
         return HostFacts(host, False, f"ssh failed: {last}")
     for line in reversed(done.stdout.strip().splitlines()):
@@ -133,7 +192,10 @@ def probe_host(
         except ValueError:
             continue
         if isinstance(data, dict):
-            return HostFacts.from_probe(host, data)
+            try:
+                return HostFacts.from_probe(host, data)
+            except ValueError as exc:  # another mlxlaunch there, or not mlxlaunch at all
+                return HostFacts(host, False, f"its probe answered malformed JSON ({exc})")
     if "No module named" in done.stderr:
         last = f"{python or sys.executable} there cannot import mlxlaunch ({last})"
     return HostFacts(host, False, f"the probe gave no answer: {last}")

@@ -19,6 +19,7 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Footer, Sparkline, Static, TabbedContent, TabPane
 
+from mlxlaunch.dash import RETRY_S
 from mlxlaunch.dash.feed import ServerAddress, ServerUnreachable, StatsFeed
 from mlxlaunch.dash.panels import (
     REQUEST_COLUMNS,
@@ -35,7 +36,6 @@ Connection = Literal["looking", "live", "gone"]
 Locate = Callable[[], ServerAddress | None]
 FeedFactory = Callable[[ServerAddress], StatsFeed]
 
-RETRY_S = 2.0
 # Points kept for the sparklines: at one snapshot a second, the last five minutes.
 HISTORY_POINTS = 300
 PANELS = ("overview", "miss")

@@ -150,3 +150,13 @@ def miss_text(miss: CacheMiss | None) -> str:
             _line("this one", escape(repr(miss.excerpts.request))),
         ]
     return "\n".join(lines)
+
+
+def snapshot_text(s: StatsSnapshot, url: str) -> str:
+    """The whole dashboard as one block of text, for `mlx dash` without a terminal (markup)."""
+    cards = (("requests", requests_card(s)), ("model", model_card(s)), ("cache", cache_card(s)))
+    lines = [f"[b]mlx dash[/b] {escape(url)}"]
+    for title, card in cards:
+        lines += ["", f"[b]{title}[/b]", card]
+    lines += ["", rate_title("prefill", s.prefill_tps, []), rate_title("decode", s.decode_tps, [])]
+    return "\n".join(lines)

@@ -6,15 +6,12 @@ server's JSON with `StatsSnapshot.model_validate_json`, as every reader of it do
 
 from __future__ import annotations
 
+from mlxlaunch.units import format_bytes
+
 
 def human_bytes(n: int) -> str:
-    """`1536` -> `1.5 KiB`; zero reads as `0 B`."""
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(size) < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} TiB"  # pragma: no cover - the loop always returns
+    """`1536` -> `1.5 KiB`; zero reads as `0 B` (the one formatter every command uses)."""
+    return format_bytes(n)
 
 
 def human_duration(seconds: float) -> str:

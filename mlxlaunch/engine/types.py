@@ -97,7 +97,8 @@ class GenerationRequest:
     kind: RequestKind = "other"  # for stats and the dashboard only
     model_alias: str = ""  # the id the client asked for, echoed in stats
     # Keep this request's conversation (prompt and reply) in the prefix cache ahead of
-    # anything unpinned for this long: a message thread's next turn continues it.
+    # anything unpinned of its priority for this long (never ahead of the main session, and
+    # within the cache's pin budget): a conversation continued by id needs it next turn.
     pin_prefix_s: float = 0.0
 
 

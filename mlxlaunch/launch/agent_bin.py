@@ -17,6 +17,7 @@ from pathlib import Path
 from mlxlaunch.errors import MlxLaunchError
 from mlxlaunch.home import mlxlaunch_home, private_dir
 from mlxlaunch.launch import claude_install
+from mlxlaunch.launch.claude_bin import NPM_INSTALL_FLAGS
 from mlxlaunch.launch.integrations import Integration
 from mlxlaunch.launch.node import NODE_FIX
 
@@ -50,17 +51,9 @@ def npm_install_command(
     agent: Integration, prefix: Path | None = None, npm: str = "npm"
 ) -> list[str]:
     """The npm command line that installs the pinned release into `prefix`."""
-    release = agent.release
-    return [
-        npm,
-        "install",
-        "--prefix",
-        str(prefix or pinned_prefix(agent)),
-        "--no-audit",
-        "--no-fund",
-        "--prefer-offline",  # an exact version never changes: npm's cache is as good
-        f"{release.package}@{release.version}",
-    ]
+    where = str(prefix or pinned_prefix(agent))
+    spec = f"{agent.release.package}@{agent.release.version}"
+    return [npm, "install", "--prefix", where, *NPM_INSTALL_FLAGS, spec]
 
 
 def install_hint(agent: Integration, prefix: Path | None = None) -> str:

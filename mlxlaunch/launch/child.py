@@ -75,9 +75,15 @@ class ChildEnding:
     reaped, so the timer never fires at a reused process group.
     """
 
-    def __init__(self, pid: int, grace_s: float = END_GRACE_S) -> None:
+    def __init__(
+        self,
+        pid: int,
+        grace_s: float = END_GRACE_S,
+        on_begin: Callable[[int], None] | None = None,
+    ) -> None:
         self.pid = pid
         self.grace_s = grace_s
+        self.on_begin = on_begin  # told which signal began the end (once)
         self._timer: threading.Timer | None = None
 
     @property
@@ -85,11 +91,13 @@ class ChildEnding:
         """True once the child was told to end."""
         return self._timer is not None
 
-    def begin(self) -> None:
+    def begin(self, signum: int = signal.SIGTERM) -> None:
         """Continue the child's group (a stopped child cannot act on SIGTERM or SIGHUP) and
-        arm the kill."""
+        arm the kill; `signum` is the signal that asked for the end."""
         _signal_group(self.pid, signal.SIGCONT)
         if self._timer is None:
+            if self.on_begin is not None:
+                self.on_begin(signum)
             self._timer = threading.Timer(self.grace_s, _signal_group, (self.pid, signal.SIGKILL))
             self._timer.daemon = True
             self._timer.start()
@@ -117,7 +125,7 @@ def _forwarding(pid: int, ending: ChildEnding) -> Iterator[None]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signum)
         if signum in ENDING_SIGNALS:
-            ending.begin()
+            ending.begin(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
     try:
@@ -135,11 +143,14 @@ def run_child(
     cwd: str | None = None,
     on_spawn: Callable[[int], None] | None = None,
     end_grace_s: float = END_GRACE_S,
+    on_end_signal: Callable[[int], None] | None = None,
 ) -> int:
     """Run `argv` to completion in its own process group; returns its exit code (128+N if killed).
 
     `on_spawn`, if given, is called with the child's pid once it runs (tests use it).
     `end_grace_s`: how long the child may take to exit after SIGTERM or SIGHUP reached us.
+    `on_end_signal`: called (in the signal handler: keep it short) with the SIGTERM or SIGHUP
+    that told the child to end, so the caller can say why the session ended.
     """
     stdio = stdio or Stdio()
     tty = _foreground_tty()
@@ -155,7 +166,7 @@ def run_child(
             stderr=stdio.stderr,
             process_group=0,
         )
-        ending = ChildEnding(proc.pid, end_grace_s)
+        ending = ChildEnding(proc.pid, end_grace_s, on_end_signal)
         # Popen's own wait() cannot see stops; we reap the child ourselves below.
         stack.enter_context(_forwarding(proc.pid, ending))
         if tty is not None:

@@ -20,6 +20,7 @@ from mlxlaunch.home import mlxlaunch_home
 CLAUDE_CODE_VERSION = "2.1.332"
 CLAUDE_CODE_PACKAGE = "@anthropic-ai/claude-code"
 INSTALL_FLAG = "--install-claude"
+CLAUDE_CODE_PACKAGE_SPEC = f"{CLAUDE_CODE_PACKAGE}@{CLAUDE_CODE_VERSION}"
 
 
 def pinned_prefix(home: Path | None = None) -> Path:
@@ -32,20 +33,23 @@ def pinned_claude(prefix: Path | None = None) -> Path:
     return (prefix or pinned_prefix()) / "node_modules" / ".bin" / "claude"
 
 
+# How every pinned agent is installed: npm's audit, funding and update notices, and its
+# dependencies' deprecation warnings, are noise to a user who asked for one exact release;
+# errors still show (the install's failure hint points at them). An exact version never
+# changes, so npm's cache is as good as the registry: a reinstall needs no network.
+NPM_INSTALL_FLAGS = (
+    "--no-audit",
+    "--no-fund",
+    "--no-update-notifier",
+    "--loglevel=error",
+    "--prefer-offline",
+)
+
+
 def npm_install_command(prefix: Path | None = None, npm: str = "npm") -> list[str]:
     """The npm command line that installs the pinned Claude Code into `prefix`."""
-    return [
-        npm,
-        "install",
-        "--prefix",
-        str(prefix or pinned_prefix()),
-        "--no-audit",
-        "--no-fund",
-        # An exact version never changes, so npm's cache is as good as the registry: a
-        # reinstall (or a second prefix on the same machine) needs no network.
-        "--prefer-offline",
-        f"{CLAUDE_CODE_PACKAGE}@{CLAUDE_CODE_VERSION}",
-    ]
+    where = str(prefix or pinned_prefix())
+    return [npm, "install", "--prefix", where, *NPM_INSTALL_FLAGS, CLAUDE_CODE_PACKAGE_SPEC]
 
 
 def install_hint(prefix: Path | None = None) -> str:

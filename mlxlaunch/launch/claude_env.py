@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlxlaunch.launch.agent_target import AgentSetup, AgentTarget
-from mlxlaunch.protocol.limits import plain_model_id
 from mlxlaunch.runstate import ClientSettings
 
 # Claude Code's own default for unknown model ids; never ask for more than this.
@@ -80,6 +79,10 @@ def claude_model_id(name: str) -> str:
     tagged `[1m]`) and assumes 200k/1M: such names get a `local-` prefix, lose the tag, and
     have `claude-<family>` written `claude_<family>`.
     """
+    # Here, not at the top: `protocol` brings pydantic's models, which `mlx --help` (and every
+    # command that only names a model) must not pay for.
+    from mlxlaunch.protocol.limits import plain_model_id
+
     bare = name.replace("[1m]", "").strip()
     # A path is not a model id the server accepts (it refuses paths and URLs): use its last part.
     model_id = plain_model_id(bare) if bare else "local-model"

@@ -26,10 +26,13 @@ def checked_parallel(cluster: Cluster, model: str) -> str:
     from mlxlaunch.cluster.preflight import check_cluster
 
     if not is_local(cluster.hosts[0]):
+        # mlx.launch would start it over ssh, where rank 0's token never arrives.
         raise ConfigError(
-            f"the first host ({cluster.hosts[0]}) must be this machine: rank 0 serves HTTP "
-            "where the command runs",
-            hint="list 127.0.0.1 first, then the other machines' IPs",
+            f"the first host ({cluster.hosts[0]}) must be this machine, written 127.0.0.1: "
+            "rank 0 serves HTTP where the command runs, and mlx.launch starts every other "
+            "name (this machine's hostname or address too) over ssh",
+            hint='list 127.0.0.1 first (in a hostfile: "ssh": "127.0.0.1"), then the other '
+            "machines",
         )
     preflight = check_cluster(cluster, model, cluster.parallel)
     preflight.refuse()

@@ -4,8 +4,11 @@
 
 The spec (`RankSpec`, base64 JSON in the environment) says what to serve and how; the server's
 token is not in it but in rank 0's own environment (rank 0 runs on the launching machine), so
-it is on no command line, local or remote. Every rank first checks that all ranks run the same
-mlx, mlx-lm and mlxlaunch on the same model files, and refuses to start otherwise. Rank 0 then
+it is on no command line, local or remote. The spec does say that the launch has a token
+(`auth_required`): a rank 0 that finds none in its environment (started over ssh, where the
+environment does not travel) refuses to start rather than serve without authentication.
+Every rank first checks that all ranks run the same mlx, mlx-lm and mlxlaunch on the same
+model files, and refuses to start otherwise. Rank 0 then
 serves HTTP with the engine leading the lockstep (engine/scheduling/lockstep.py) and announces
 itself on stdout (`READY_MARK`, read by launch/cluster_serve.py); every other rank follows
 (engine/scheduling/follower.py) until rank 0 says stop or a rank is lost.
@@ -31,6 +34,7 @@ TOKEN_VARIABLE = "MLXLAUNCH_CLUSTER_TOKEN"  # rank 0's alone, never on a command
 READY_MARK = "MLXLAUNCH-CLUSTER-READY "  # + JSON: url, context_window, pid
 MISMATCH_EXIT = 2  # the ranks differ (versions, model files): refused before loading
 LOST_EXIT = 3  # a rank was lost while serving
+NO_TOKEN_EXIT = 4  # the launch has a token and rank 0 did not get it: refused, never open
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,9 @@ class RankSpec:
     host: str = "127.0.0.1"
     port: int = 0
     auth_token: str | None = None
+    # The launch has a token (the public spec leaves the token out, never this): rank 0
+    # refuses to serve when its environment does not bring it.
+    auth_required: bool = False
     allow_remote: bool = False
     allowed_origins: tuple[str, ...] = ()
     model_id: str | None = None
@@ -88,7 +95,25 @@ def run_from_environment(logits_hook: Any = None) -> int:
         return 2
     spec = RankSpec.decoded(text)
     token = os.environ.pop(TOKEN_VARIABLE, None)
-    return run_rank(dataclasses.replace(spec, auth_token=token or spec.auth_token), logits_hook)
+    spec = dataclasses.replace(spec, auth_token=token or spec.auth_token)
+    # At once, before mlx loads or the ranks connect (mlx.launch says the rank in MLX_RANK;
+    # without it, this is taken for rank 0): run_rank checks again with the joined group.
+    if (refusal := missing_token(spec, int(os.environ.get("MLX_RANK") or 0))) is not None:
+        print(refusal, file=sys.stderr, flush=True)
+        return NO_TOKEN_EXIT  # mlx.launch then stops the other ranks
+    return run_rank(spec, logits_hook)
+
+
+def missing_token(spec: RankSpec, rank: int) -> str | None:
+    """Why this rank must not start (rank 0 of a launch with a token that did not reach it),
+    or None."""
+    if rank != 0 or not spec.auth_required or spec.auth_token:
+        return None
+    return (
+        f"mlx: rank 0 got no server token ({TOKEN_VARIABLE}) although the launch has one: it "
+        "was started over ssh, where the token does not travel; refusing to serve without "
+        "authentication (rank 0 must be this machine, written 127.0.0.1)"
+    )
 
 
 def run_rank(spec: RankSpec, logits_hook: Any = None) -> int:
@@ -103,6 +128,9 @@ def run_rank(spec: RankSpec, logits_hook: Any = None) -> int:
     # machines is otherwise silent.
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     group = join_cluster()
+    if (refusal := missing_token(spec, group.rank)) is not None:
+        print(refusal, file=sys.stderr, flush=True)
+        return NO_TOKEN_EXIT  # mlx.launch then stops the other ranks
     logging.basicConfig(level=logging.INFO, format=f"rank {group.rank}: %(levelname)s %(message)s")
     path = rank_model_dir(spec.model)
     try:

@@ -19,8 +19,10 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -85,21 +87,29 @@ class RankProcesses:
         self.stopping = False
         self._ready_event = threading.Event()
         self._readers: list[threading.Thread] = []
-        self._written_hostfile: Path | None = None
+        # What this serve writes for mlx.launch (a ring's hostfile, and the per-rank hostfiles
+        # and pid files mlx.launch itself makes in TMPDIR and leaves): removed by stop().
+        self._scratch: Path | None = None
 
     def command(self) -> tuple[list[str], dict[str, str]]:
         """The `mlx.launch` command line and its environment.
 
         The spec reaches every rank through `mlx.launch --env` (on a command line, so without
-        the token); the token reaches rank 0, always local, in its environment alone."""
-        public = replace(self.spec, auth_token=None)
+        the token, but saying there is one); the token reaches rank 0, always local, in its
+        environment alone."""
+        token = self.spec.auth_token
+        public = replace(self.spec, auth_token=None, auth_required=bool(token))
+        if self._scratch is None:
+            self._scratch = Path(tempfile.mkdtemp(prefix="mlxlaunch-cluster-"))
         argv = launch_argv(
             self.cluster,
             list(self._rank_command),
             python=self._python,
             env=[f"{SPEC_VARIABLE}={public.encoded()}", "PYTHONUNBUFFERED=1"],
+            scratch=self._scratch,
         )
-        return argv, {**os.environ, TOKEN_VARIABLE: self.spec.auth_token or ""}
+        env = {**os.environ, TOKEN_VARIABLE: token or "", "TMPDIR": str(self._scratch)}
+        return argv, env
 
     def start(self) -> None:
         argv, env = self.command()
@@ -180,6 +190,14 @@ class RankProcesses:
 
     def stop(self) -> None:
         """Stop every rank: rank 0 first (it drains and tells the others), then the group."""
+        try:
+            self._stop_ranks()
+        finally:
+            if self._scratch is not None:
+                shutil.rmtree(self._scratch, ignore_errors=True)
+                self._scratch = None
+
+    def _stop_ranks(self) -> None:
         process = self.process
         if process is None:
             return
@@ -202,8 +220,6 @@ class RankProcesses:
         if process.stdin is not None:
             process.stdin.close()
         self._join_readers()
-        if self._written_hostfile is not None:
-            self._written_hostfile.unlink(missing_ok=True)
 
     def _join_readers(self) -> None:
         for reader in self._readers:

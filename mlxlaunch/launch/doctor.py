@@ -35,7 +35,7 @@ from mlxlaunch.launch.node import (
     runs_under_node,
 )
 from mlxlaunch.launch.state import RunState, running_servers
-from mlxlaunch.store.catalog import CatalogEntry, recommend
+from mlxlaunch.store.catalog import CatalogEntry, Recommendation, recommendation
 from mlxlaunch.store.compute import Compute
 from mlxlaunch.store.memory import GIB, format_bytes, memory_fit, system_memory_bytes
 
@@ -155,7 +155,8 @@ def _blas_check(f: DoctorFacts) -> Check:
 def _memory_check(f: DoctorFacts) -> Check:
     if f.total_memory <= 0:
         return Check("memory", "warn", "unknown", "models are judged without a memory limit")
-    best = _recommended(f)
+    found_best = _recommended(f)
+    best = found_best.entry if found_best else None
     detail = f"{format_bytes(f.total_memory)} total"
     if best is None:
         return Check(
@@ -169,17 +170,22 @@ def _memory_check(f: DoctorFacts) -> Check:
             "memory",
             "warn",
             f"{detail}: only small models fit (best: {best.alias})",
-            "close other apps; 16 GB or more gives a much better experience",
+            "close other apps; 16 GiB or more gives a much better experience",
         )
     found = f"{detail}; recommended model: {best.alias} ({format_bytes(best.size_bytes)})"
-    if f.compute.backend == "cpu" and best != recommend(f.total_memory, compute=None):
-        found += f", the largest that runs at a usable speed on {f.compute.describe()}"
+    if found_best is not None and (rule := found_best.speed_rule()):
+        found += f"; {rule}"
     return Check("memory", "ok", found)
 
 
-def _recommended(f: DoctorFacts) -> CatalogEntry | None:
+def _recommended(f: DoctorFacts) -> Recommendation | None:
     """The catalog model for this machine: fits its memory and suits its compute."""
-    return recommend(f.total_memory, compute=f.compute) if f.total_memory > 0 else None
+    return recommendation(f.total_memory, compute=f.compute) if f.total_memory > 0 else None
+
+
+def _recommended_entry(f: DoctorFacts) -> CatalogEntry | None:
+    found = _recommended(f)
+    return found.entry if found else None
 
 
 def _install_fix(f: DoctorFacts) -> str:
@@ -226,7 +232,7 @@ def _node_checks(f: DoctorFacts) -> list[Check]:
 
 
 def _model_checks(f: DoctorFacts) -> list[Check]:
-    best = _recommended(f)
+    best = _recommended_entry(f)
     pull = f"mlx models pull {best.alias}" if best else "mlx models catalog"
     if not f.models:
         return [Check("models", "warn", "no models downloaded", pull)]
@@ -252,7 +258,7 @@ def _model_checks(f: DoctorFacts) -> list[Check]:
 
 
 def _disk_check(f: DoctorFacts) -> Check:
-    best = _recommended(f)
+    best = _recommended_entry(f)
     needed = (best.size_bytes if best else 0) + DISK_HEADROOM
     detail = f"{format_bytes(f.free_disk)} free at {f.models_dir}"
     if f.free_disk < needed:

@@ -20,7 +20,7 @@ from mlxlaunch.store.catalog import catalog_entry, recommend
 from mlxlaunch.store.facts import read_config
 from mlxlaunch.store.inventory import LocalModel, list_models
 from mlxlaunch.store.memory import memory_fit
-from mlxlaunch.store.resolve import resolve_model
+from mlxlaunch.store.resolve import is_repo_id, resolve_model
 from mlxlaunch.testing import (
     TEST_MODELS,
     ensure_test_model,
@@ -50,6 +50,7 @@ __all__ = [
     "DEMO_MODEL",
     "ChosenModel",
     "best_local_model",
+    "checked_model_name",
     "choose_model",
     "demo_replies",
     "is_test_model_name",
@@ -57,6 +58,7 @@ __all__ = [
     "offline_model_dir",
     "offline_model_names",
     "pull_command",
+    "pullable",
     "resolve_name",
 ]
 
@@ -128,6 +130,14 @@ def best_local_model(
     return max(usable, key=rank) if usable else None
 
 
+def pullable(name: str) -> bool:
+    """True when `name` is something `mlx models pull` fetches: a catalog alias or a hub repo
+    id (not a test model, a path or a registered name)."""
+    if is_test_model_name(name) or name.startswith((".", "/", "~")):
+        return False
+    return catalog_entry(name) is not None or is_repo_id(name)
+
+
 def pull_command(total_memory: int | None = None) -> str | None:
     """The command that downloads the recommended model for this machine."""
     entry = recommend(total_memory)
@@ -151,7 +161,7 @@ def choose_model(
         return ChosenModel(explicit, resolve_name(explicit), "--model")
     if config.default_model:
         return ChosenModel(
-            config.default_model, resolve_name(config.default_model), "default-model setting"
+            config.default_model, _default_model_dir(config), "default-model setting"
         )
     best = best_local_model(local_models(), total_memory)
     if best is not None:
@@ -165,14 +175,53 @@ def choose_model(
     )
 
 
+def _default_model_dir(config: UserConfig) -> Path:
+    """The default-model setting's directory; a failure says the name came from the setting."""
+    name = config.default_model or ""
+    try:
+        return resolve_name(name)
+    except ModelNotFound as exc:
+        where = f" in {config.path}" if config.path else ""
+        change = "change it: mlx config set default-model NAME, or mlx config unset default-model"
+        raise ModelNotFound(
+            f"{exc.message}: '{name}' is the default-model setting{where}",
+            hint=f"{exc.hint}; or {change}" if exc.hint else change,
+        ) from exc
+
+
+def checked_model_name(name: str) -> tuple[str, bool]:
+    """What `mlx config set default-model NAME` stores, and whether that model is downloaded.
+
+    A test model, a catalog alias or an `org/repo` id is kept as given (an alias or repo need
+    not be downloaded yet); a directory is stored as its absolute path, so the setting means
+    the same from any folder; a registered name as it is.
+
+    Raises:
+        ModelNotFound: nothing `mlx launch --model NAME` could serve, now or after a pull.
+    """
+    if is_test_model_name(name):
+        return name, True
+    if pullable(name):
+        try:
+            resolve_model(name)
+        except ModelNotFound:
+            return name, False
+        return name, True
+    resolved = resolve_model(name)  # a directory or a registered name, else ModelNotFound
+    return (str(resolved.path) if resolved.source == "path" else name), True
+
+
 DEMO_MODEL = "demo"
 
 
-def demo_replies(name: str, total_memory: int | None = None) -> DemoReplies | None:
+def demo_replies(
+    name: str, total_memory: int | None = None, agent: str | None = None
+) -> DemoReplies | None:
     """The scripted replies `--model demo` answers with (None for every other model): its
-    weights are random, so unscripted it would write noise until its output cap."""
+    weights are random, so unscripted it would write noise until its output cap. `agent`:
+    the agent `mlx launch` runs, which its greeting names (None: any client of `mlx serve`)."""
     if name != DEMO_MODEL:
         return None
     from mlxlaunch.testing.demo import DemoReplies  # imports mlx: only when serving the demo
 
-    return DemoReplies(pull_hint=pull_command(total_memory))
+    return DemoReplies(pull_hint=pull_command(total_memory), agent=agent)

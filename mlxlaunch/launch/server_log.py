@@ -26,6 +26,9 @@ REQUEST_LOG_FORMAT = "%(asctime)s %(message)s"
 # Control characters (C0, DEL, C1) and line breaks in a message: shown escaped.
 _CONTROL = {c: f"\\x{c:02x}" for c in [*range(0x20), *range(0x7F, 0xA0)]}
 _CONTROL.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"})
+# The longest message a line shows at INFO and above (debug lines carry whole prompts, on
+# purpose): the backstop for client-chosen text a call site did not shorten itself.
+MAX_MESSAGE_CHARS = 8_000
 
 
 class PlainTextFormatter(logging.Formatter):
@@ -33,11 +36,15 @@ class PlainTextFormatter(logging.Formatter):
 
     Log messages quote what clients sent (a model name, a refused field's value, a path); an
     escape sequence there would reach the operator's terminal, a line break would start a
-    line that looks like the server's own. Tracebacks, added after the message, stay as
-    they are."""
+    line that looks like the server's own; and one request's 22 MB `type` made a 22 MB line,
+    so a message at INFO or above is cut at MAX_MESSAGE_CHARS. Tracebacks, added after the
+    message, stay as they are."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
-        record.message = record.message.translate(_CONTROL)
+        message = record.message
+        if record.levelno >= logging.INFO and len(message) > MAX_MESSAGE_CHARS:
+            message = f"{message[:MAX_MESSAGE_CHARS]}…({len(message)} chars)"
+        record.message = message.translate(_CONTROL)
         return super().formatMessage(record)
 
 

@@ -164,9 +164,8 @@ def serving(
         engine = Engine(config)
         engine.start()
         stack.callback(engine.close)
-        if settings.threads_dir is None and config.cache_dir is not None:
-            # Message threads are kept where their KV is: across restarts with the disk tier.
-            settings = replace(settings, threads_dir=config.cache_dir / "threads")
+        if settings.threads_dir is None:
+            settings = replace(settings, threads_dir=conversations_dir(config))
         server = start_server(engine, settings, log_level=log_level)
         stack.callback(server.stop, DRAIN_S)
         window = _load(engine, model, load, console, engine_options.context_length)
@@ -191,6 +190,15 @@ def serving(
         )
         stack.callback(remove_state, state_pid or os.getpid())
         yield served
+
+
+def conversations_dir(config: EngineConfig) -> Path | None:
+    """Where stored conversations (message threads; stored responses beside them) are kept:
+    where their KV is, across restarts, only when there is a disk tier. `--cache-disk 0`
+    means nothing on disk: they then stay in memory (None)."""
+    if config.cache_dir is None or config.cache_disk_bytes <= 0:
+        return None
+    return config.cache_dir / "threads"
 
 
 def _load(

@@ -14,6 +14,7 @@ import contextlib
 import os
 import secrets
 import shutil
+import signal
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,8 +36,10 @@ from mlxlaunch.launch.integrations import CLAUDE, Integration
 from mlxlaunch.launch.models import (
     ChosenModel,
     choose_model,
+    demo_replies,
     is_test_model_name,
     notice_for_test_model,
+    pullable,
 )
 from mlxlaunch.launch.server_log import logging_to, new_log_path, terminal_to_child
 from mlxlaunch.launch.serving import EngineOptions, Serving, serving
@@ -67,7 +70,7 @@ def launch_claude(
     *,
     console: Console,
     environ: Mapping[str, str] | None = None,
-    offer_pull: Callable[[], bool] | None = None,
+    offer_pull: Callable[[str | None], bool] | None = None,
     logits_hook: LogitsHook | None = None,
 ) -> int:
     """Run Claude Code against a local model; returns claude's exit code."""
@@ -87,15 +90,17 @@ def launch_agent(
     *,
     console: Console,
     environ: Mapping[str, str] | None = None,
-    offer_pull: Callable[[], bool] | None = None,
+    offer_pull: Callable[[str | None], bool] | None = None,
     logits_hook: LogitsHook | None = None,
     rank_command: tuple[str, ...] | None = None,
 ) -> int:
     """Run `agent` against a local model; returns the agent's exit code.
 
-    `offer_pull` is asked when no model was named and none is downloaded; it returns True
-    once it has pulled one. `logits_hook` scripts the model's output (tests; see
-    launch/serving.py); `rank_command`, how a cluster's ranks start (tests script rank 0).
+    `offer_pull(name)` is asked when the model named (by --model or the default-model
+    setting) can be pulled but is not downloaded, or (name None) when none was named and none
+    is downloaded; it returns True once it has pulled one. `logits_hook` scripts the model's
+    output (tests; see launch/serving.py); `rank_command`, how a cluster's ranks start (tests
+    script rank 0).
     """
     environ = dict(os.environ if environ is None else environ)
     binary = (
@@ -135,7 +140,8 @@ def launch_agent(
             load="now" if options.preload else "background",
             log_file=log_file,
             log_level="info",
-            logits_hook=logits_hook,
+            # The demo's greeting names the agent it serves (serving's default names none).
+            logits_hook=logits_hook or demo_replies(chosen.name, agent=agent.name),
             small_model=options.small_model,
             max_output_tokens=max_output,
         )
@@ -148,8 +154,22 @@ def launch_agent(
             prepare_launch_dir(setup, launch_dir)
             env = agent_environment(setup, environ, drops=agent.drops, extra=options.extra_env)
             argv = [str(binary), *setup.args, *options.agent_args]
+            ended_by: list[int] = []
             with terminal_to_child(log_file) as stdio:
-                return run_child(argv, env, stdio=stdio)
+                code = run_child(argv, env, stdio=stdio, on_end_signal=ended_by.append)
+            if signal.SIGTERM in ended_by:
+                say_stopped(console, agent, code)
+            return code
+
+
+def say_stopped(console: Console, agent: Integration, code: int) -> None:
+    """Why the agent's session ended: `mlx stop` (or any SIGTERM) stopped this launch."""
+    with contextlib.suppress(OSError):  # the terminal may be gone as well
+        console.print(
+            f"[bold]mlx[/]: this launch was stopped (SIGTERM: `mlx stop`, or another process), "
+            f"so {agent.title}'s session was ended; exit code {code}",
+            highlight=False,
+        )
 
 
 def _on_cluster(
@@ -271,15 +291,19 @@ def _noise_cap(chosen: ChosenModel) -> int | None:
 
 
 def _choose(
-    options: LaunchOptions, config: UserConfig, offer_pull: Callable[[], bool] | None
+    options: LaunchOptions, config: UserConfig, offer_pull: Callable[[str | None], bool] | None
 ) -> ChosenModel:
+    """The model to serve; one that could be downloaded is offered for pulling (as `ollama
+    run` does), then chosen again."""
     try:
         return choose_model(options.model, config)
     except ModelNotFound:
         named = options.model or config.default_model
-        if named is not None or offer_pull is None or not offer_pull():
+        if offer_pull is None or (named is not None and not pullable(named)):
             raise
-    return choose_model(None, config)
+        if not offer_pull(named):
+            raise
+    return choose_model(options.model, config)
 
 
 def _announce(

@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, SerializerFunctionWrapHandler, ValidationError, model_serializer
 
+from mlxlaunch.protocol.limits import shown
+
 ErrorType = Literal[
     "invalid_request_error",
     "authentication_error",
@@ -87,13 +89,14 @@ def describe_validation_error(exc: ValidationError, raw: Any) -> str:
     """
     parts: list[str] = []
     for error in exc.errors(include_url=False)[:_MAX_REPORTED_ERRORS]:
-        path = wire_path(error["loc"], raw)
-        message = str(error["msg"]).removeprefix("Value error, ")
+        # Shown shortened: paths hold the client's keys, messages its values (a 22 MB `type`).
+        path = shown(wire_path(error["loc"], raw), 200)
+        message = shown(str(error["msg"]).removeprefix("Value error, "), 300)
         if error["type"] == "union_tag_not_found":
             path, message = f"{path}.type" if path else "type", "Field required"
         elif error["type"] == "union_tag_invalid":
-            tag = error.get("ctx", {}).get("tag", "")
-            message = f"unknown type {tag!r} ({message})"
+            tag = shown(repr(error.get("ctx", {}).get("tag", "")))
+            message = f"unknown type {tag} ({message})"
         parts.append(f"{path}: {message}" if path else message)
     remaining = exc.error_count() - len(parts)
     if remaining > 0:

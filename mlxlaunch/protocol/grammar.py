@@ -55,7 +55,7 @@ def check_stream(frames: list[SseFrame]) -> StreamSummary:
         where = f"frame {position} ({sse.event})"
         try:
             data = json.loads(sse.data)
-        except json.JSONDecodeError as exc:
+        except (ValueError, RecursionError) as exc:
             raise StreamGrammarError(f"{where}: data is not JSON: {exc}") from exc
         if not isinstance(data, dict) or data.get("type") != sse.event:
             raise StreamGrammarError(f"{where}: data.type does not match the event name")
@@ -131,7 +131,7 @@ def check_stream(frames: list[SseFrame]) -> StreamSummary:
             if block["type"] == "tool_use":
                 try:
                     block["input"] = json.loads("".join(json_parts)) if json_parts else {}
-                except json.JSONDecodeError as exc:
+                except (ValueError, RecursionError) as exc:
                     raise StreamGrammarError(f"{where}: tool input is not JSON: {exc}") from exc
             open_index = None
         elif kind == "message_delta":

@@ -16,6 +16,7 @@ import codecs
 import json
 import math
 import re
+from collections.abc import Iterable
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from json.scanner import NUMBER_RE
 from typing import Any
@@ -43,6 +44,28 @@ MODEL_ID_RULE = (
     "model must be a model id such as 'claude-sonnet-4-5' or 'org/name' (any such id is served "
     "by the loaded model); paths and URLs are refused: a request never selects what is loaded"
 )
+
+
+# What of a client-chosen value (a type, a name, an id) an error message or a log line shows.
+SHOWN_CHARS = 80
+SHOWN_NAMES = 10  # of a list of them
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """`value` as text for an error message or a log line, cut to `limit` characters (and
+    saying how long it was)."""
+    text = value if isinstance(value, str) else repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}…({len(text)} chars)"
+
+
+def shown_names(names: Iterable[str]) -> str:
+    """Distinct names, sorted, each `shown`, at most SHOWN_NAMES of them (then how many more)."""
+    distinct = sorted({shown(name) for name in names})
+    more = len(distinct) - SHOWN_NAMES
+    listed = ", ".join(distinct[:SHOWN_NAMES])
+    return f"{listed} and {more} more" if more > 0 else listed
 
 
 class RequestLimitError(ValueError):

@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from mlxlaunch.protocol import limits
+from mlxlaunch.protocol.json_schema import JsonSchema
 from mlxlaunch.protocol.requests import (
     MAX_STOP_SEQUENCES_TOTAL_CHARS,
     Name,
@@ -126,7 +127,7 @@ ChatMessage = Annotated[
 class FunctionDefinition(WireModel):
     name: Name
     description: str = ""
-    parameters: dict[str, Any] | None = None  # OpenAI: omitted means no arguments
+    parameters: JsonSchema | None = None  # OpenAI: omitted means no arguments
     strict: bool | None = None
 
 
@@ -172,7 +173,7 @@ class JsonSchemaSpec(WireModel):
     name: str = ""
     description: str | None = None
     # `schema` would shadow a BaseModel attribute; keep the wire name as the alias.
-    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    json_schema: JsonSchema | None = Field(default=None, alias="schema")
     strict: bool | None = None
 
 

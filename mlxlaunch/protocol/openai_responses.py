@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from mlxlaunch.protocol import limits
+from mlxlaunch.protocol.json_schema import JsonSchema
 
 
 class ResponsesWire(BaseModel):
@@ -118,7 +119,9 @@ class ReasoningItem(ResponsesWire):
     type: Literal["reasoning"]
     summary: list[SummaryText] = Field(default_factory=list)
     content: list[SummaryText] | None = None
-    encrypted_content: str | None = None
+    # Another server's: no prompt uses it, so it is never dumped (a stored response keeps
+    # only what its prompt is made of, server/response_store.py).
+    encrypted_content: Annotated[str | None, Field(exclude=True)] = None
     id: str | None = None
 
 
@@ -156,7 +159,7 @@ class FunctionTool(ResponsesWire):
     type: Literal["function"]
     name: Annotated[str, Field(strict=True, min_length=1, max_length=limits.MAX_NAME_CHARS)]
     description: str | None = None
-    parameters: dict[str, Any] | None = None
+    parameters: JsonSchema | None = None
     strict: bool | None = None
 
 
@@ -176,9 +179,11 @@ class NamespaceTool(ResponsesWire):
     """Function tools grouped under a name; calls name them by `namespace` and `name`."""
 
     type: Literal["namespace"]
-    name: str
+    name: Annotated[str, Field(strict=True, max_length=limits.MAX_NAME_CHARS)]
     description: str | None = None
-    tools: list[NamespaceMember] = Field(default_factory=list)
+    tools: Annotated[list[NamespaceMember], Field(max_length=limits.MAX_TOOLS)] = Field(
+        default_factory=list
+    )
 
 
 ResponsesTool = Annotated[
@@ -191,7 +196,7 @@ ResponsesTool = Annotated[
 
 class ToolChoiceFunction(ResponsesWire):
     type: Literal["function"]
-    name: str
+    name: Annotated[str, Field(strict=True, max_length=limits.MAX_NAME_CHARS)]
 
 
 class ToolChoiceOther(ResponsesWire):
@@ -212,7 +217,7 @@ ToolChoiceObject = Annotated[
 class JsonSchemaTextFormat(ResponsesWire):
     type: Literal["json_schema"]
     name: str | None = None
-    json_schema: dict[str, Any] = Field(alias="schema")
+    json_schema: JsonSchema = Field(alias="schema")
     strict: bool | None = None
 
 
@@ -261,11 +266,25 @@ class ResponsesRequest(ResponsesWire):
     top_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     # OpenAI keeps responses unless told not to; Codex says `false` and resends its history.
     store: bool | None = None
-    previous_response_id: str | None = None
+    # Bounded as ids are (ours are 29 characters): a 4 MB id was echoed in a 4 MB error.
+    previous_response_id: (
+        Annotated[str, Field(strict=True, max_length=limits.MAX_NAME_CHARS)] | None
+    ) = None
     prompt_cache_key: str | None = None
     include: list[str] | None = None
     stream: bool = False
     metadata: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _tools_in_namespaces_count(self) -> ResponsesRequest:
+        """The tool limit counts the function tools a namespace holds: they are offered to
+        the model one by one, as top-level ones are."""
+        count = sum(len(t.tools) if isinstance(t, NamespaceTool) else 1 for t in self.tools or [])
+        if count > limits.MAX_TOOLS:
+            raise ValueError(
+                f"tools: {count} tools, namespaces' included (at most {limits.MAX_TOOLS})"
+            )
+        return self
 
     @property
     def items(self) -> list[InputItem]:

@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from mlxlaunch.protocol import limits
+from mlxlaunch.protocol.json_schema import JsonSchema
 from mlxlaunch.protocol.safeguards import Safeguards
 from mlxlaunch.protocol.threads import MessageThread
 
@@ -94,12 +95,16 @@ class ThinkingBlock(WireModel):
     type: Literal["thinking"]
     thinking: Annotated[str, Field(strict=True)]
     # Opaque to us; clients echo back what we sent, other servers' signatures are meaningless.
-    signature: str = ""
+    # `exclude`: never dumped, so a stored conversation (server/threads.py) keeps only what
+    # its prompt is made of, not a client's megabytes of signature.
+    signature: Annotated[str, Field(exclude=True)] = ""
 
 
 class RedactedThinkingBlock(WireModel):
     type: Literal["redacted_thinking"]
-    data: Annotated[str, Field(strict=True)]
+    # Another server's encrypted reasoning: no prompt uses it (server/mapping.py skips the
+    # block), so it is never dumped, never stored.
+    data: Annotated[str, Field(strict=True, exclude=True)] = ""
 
 
 ContentBlock = Annotated[
@@ -143,7 +148,7 @@ class Tool(WireModel):
     type: str | None = None
     name: Name
     description: str = ""
-    input_schema: dict[str, Any] | None = None
+    input_schema: JsonSchema | None = None
     strict: bool = False
 
     @property
@@ -205,7 +210,7 @@ ThinkingConfig = Annotated[
 class JsonSchemaFormat(WireModel):
     type: Literal["json_schema"]
     # `schema` would shadow a BaseModel attribute; keep the wire name as the alias.
-    json_schema: dict[str, Any] = Field(alias="schema")
+    json_schema: JsonSchema = Field(alias="schema")
 
 
 class OutputConfig(WireModel):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -27,15 +26,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from mlxlaunch.engine.types import (
-    Admitted,
-    Done,
     EngineEvent,
     GenerationRequest,
     ModelInfo,
-    TextDelta,
-    ThinkingDelta,
-    ToolCallEvent,
-    ToolCallStart,
 )
 from mlxlaunch.protocol.errors import describe_validation_error, error_body
 from mlxlaunch.protocol.events import ErrorEvent, PingEvent
@@ -54,6 +47,7 @@ from mlxlaunch.server.errors import ApiError, engine_error, error_response
 from mlxlaunch.server.guards import HttpLimits, RequestGuard
 from mlxlaunch.server.mapping import shows_thinking, to_generation_request
 from mlxlaunch.server.request_ids import RequestIds
+from mlxlaunch.server.request_log import RequestLog, log_refusal
 from mlxlaunch.server.responses import responses_routes
 from mlxlaunch.server.safeguards import (
     SAFEGUARDS_MIN_PARAMETERS,
@@ -72,10 +66,6 @@ from mlxlaunch.server.streaming import (
     clamp_headers,
 )
 from mlxlaunch.server.threads import ThreadLimits, ThreadStore, ThreadTurn
-
-log = logging.getLogger("mlxlaunch.server")
-
-OUTPUT_EVENTS = (TextDelta, ThinkingDelta, ToolCallStart, ToolCallEvent)
 
 # Set when the engine lowered max_tokens to what fits in the context window: the new value.
 
@@ -135,19 +125,10 @@ class ServerSettings:
 
 async def parse_body(request: Request, model: type[ModelT]) -> ModelT:
     """Read and validate a JSON body; any problem is a 400 naming the field."""
-    try:
-        raw = await request.body()
-        if len(raw) > LARGE_BODY_BYTES:  # parsed in pieces off the loop: /health stays live
-            return await asyncio.to_thread(validate_body, raw, model)
-        return validate_body(raw, model)
-    except ApiError as exc:
-        # Refused before it got a message id: still one log line, so a client's rejected
-        # request shows in the server log (a Claude Code release adding a field we refuse).
-        log.info(
-            "%s %s refused: status=%d %s",
-            request.method, request.url.path, exc.status, exc.message[:200],
-        )  # fmt: skip
-        raise
+    raw = await request.body()
+    if len(raw) > LARGE_BODY_BYTES:  # parsed in pieces off the loop: /health stays live
+        return await asyncio.to_thread(validate_body, raw, model)
+    return validate_body(raw, model)
 
 
 def validate_body(raw_bytes: bytes, model: type[ModelT]) -> ModelT:
@@ -407,55 +388,6 @@ def cached_trailer(blocks: ContentBlockStream) -> dict[str, str]:
     return {CACHED_TOKENS_HEADER: str(blocks.message.usage.cache_read_input_tokens or 0)}
 
 
-class RequestLog:
-    """Collects one request's figures and logs them as one line (never the auth token)."""
-
-    def __init__(self, request_id: str, model: str, started: float) -> None:
-        self.request_id = request_id
-        self.model = model
-        self.started = started
-        self.done: Done | None = None
-        self.admitted: Admitted | None = None  # the prompt's figures, if no Done comes
-        self.first_output: float | None = None
-        self._logged = False
-
-    def observe(self, event: EngineEvent) -> None:
-        if isinstance(event, Admitted):
-            self.admitted = event
-        elif isinstance(event, Done):
-            self.done = event
-        elif self.first_output is None and isinstance(event, OUTPUT_EVENTS):
-            self.first_output = time.monotonic()
-
-    def finish(self, status: int) -> None:
-        if self._logged:
-            return
-        self._logged = True
-        usage = self.done.usage if self.done else None
-        timings = self.done.timings if self.done else None
-        ttft = timings.ttft_s if timings and timings.ttft_s else self._ttft()
-        # A request cut short (cancelled, failed) has no Done: its admission has the prompt.
-        admitted = self.admitted
-        prompt = usage.prompt_tokens if usage else (admitted.prompt_tokens if admitted else 0)
-        cached = usage.cached_tokens if usage else (admitted.cached_tokens if admitted else 0)
-        log.info(
-            "%s model=%s prompt=%d cached=%d output=%d ttft=%.2fs tok/s=%.1f draft=%d/%d status=%d",
-            self.request_id,
-            self.model,
-            prompt,
-            cached,
-            usage.output_tokens if usage else 0,
-            ttft,
-            timings.decode_tps if timings else 0.0,
-            timings.accepted_tokens if timings else 0,
-            timings.drafted_tokens if timings else 0,
-            status,
-        )
-
-    def _ttft(self) -> float:
-        return (self.first_output - self.started) if self.first_output is not None else 0.0
-
-
 # --- auth and error plumbing --------------------------------------------------------------
 
 
@@ -481,10 +413,12 @@ def guarded(handler: Handler, settings: ServerSettings, *, auth: bool = True) ->
             if auth and settings.auth_token and not _token_matches(request, settings.auth_token):
                 raise ApiError("authentication_error", "invalid or missing API key")
             return await handler(request)
-        except ApiError as exc:
-            return error_response(exc)
         except Exception as exc:  # never let a bug become a non-envelope 500 or a crash
-            return error_response(engine_error(exc))
+            # Every refusal gets one log line, so a client's rejected request shows in the
+            # server log (a Claude Code release adding a field we refuse).
+            error = engine_error(exc)
+            log_refusal(request, error)
+            return error_response(error)
 
     return endpoint
 

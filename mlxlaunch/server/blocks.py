@@ -43,6 +43,7 @@ from mlxlaunch.protocol.events import (
     TextDeltaPart,
     ThinkingDeltaPart,
 )
+from mlxlaunch.protocol.limits import shown
 from mlxlaunch.protocol.responses import (
     Message,
     ResponseTextBlock,
@@ -51,6 +52,7 @@ from mlxlaunch.protocol.responses import (
     StopReason,
     Usage,
 )
+from mlxlaunch.server.call_arguments import model_arguments
 
 log = logging.getLogger("mlxlaunch.server")
 
@@ -301,15 +303,12 @@ def apply_event(message: Message, event: BlockEvent) -> None:
 
 
 def tool_input(arguments: str, name: str) -> dict[str, Any]:
-    """The arguments object of a tool call. The engine promises JSON text of an object; if it
-    ever is not, send `{}` rather than JSON the client cannot parse."""
-    try:
-        parsed = json.loads(arguments) if arguments.strip() else {}
-    except json.JSONDecodeError:
-        log.warning("tool call %s: arguments are not valid JSON; sending {}", name)
-        return {}
-    if not isinstance(parsed, dict):
-        log.warning("tool call %s: arguments are not a JSON object; sending {}", name)
+    """The arguments object of a tool call. The engine promises JSON text of an object every
+    reader holds; if it ever is not, send `{}` rather than fail the answer."""
+    parsed = model_arguments(arguments)
+    if parsed is None:
+        log.warning("tool call %s: arguments are not a JSON object we can send; sending {}",
+                    shown(name))  # fmt: skip
         return {}
     return parsed
 

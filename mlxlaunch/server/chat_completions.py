@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -44,7 +43,7 @@ from mlxlaunch.engine.types import StopReason as EngineStopReason
 from mlxlaunch.engine.types import Usage as EngineUsage
 from mlxlaunch.protocol import limits
 from mlxlaunch.protocol.errors import wire_path
-from mlxlaunch.protocol.limits import LARGE_BODY_BYTES
+from mlxlaunch.protocol.limits import LARGE_BODY_BYTES, shown
 from mlxlaunch.protocol.openai_chat import (
     AssistantOut,
     ChatCompletion,
@@ -71,6 +70,7 @@ from mlxlaunch.server.openai_errors import (
     openai_error,
     openai_error_response,
 )
+from mlxlaunch.server.request_log import RequestLog, log_refusal
 from mlxlaunch.server.streaming import (
     EventPump,
     _End,
@@ -80,9 +80,8 @@ from mlxlaunch.server.streaming import (
 )
 
 if TYPE_CHECKING:
-    from mlxlaunch.server.app import RequestLog, ServerSettings, ServingEngine
+    from mlxlaunch.server.app import ServerSettings, ServingEngine
 
-log = logging.getLogger("mlxlaunch.server")
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -138,14 +137,14 @@ def describe_chat_error(exc: ValidationError, raw: Any) -> tuple[str, str | None
     parts: list[str] = []
     params: list[str] = []
     for error in exc.errors(include_url=False)[:_MAX_REPORTED_ERRORS]:
-        path = wire_path(_without_role_tags(error["loc"], raw), raw)
-        message = str(error["msg"]).removeprefix("Value error, ")
+        path = shown(wire_path(_without_role_tags(error["loc"], raw), raw), 200)
+        message = shown(str(error["msg"]).removeprefix("Value error, "), 300)
         ctx = error.get("ctx", {})
-        tag_field = str(ctx.get("discriminator", "'type'")).strip("'")
+        tag_field = shown(str(ctx.get("discriminator", "'type'")).strip("'"))
         if error["type"] == "union_tag_not_found":
             path, message = f"{path}.{tag_field}" if path else tag_field, "Field required"
         elif error["type"] == "union_tag_invalid":
-            message = f"unknown {tag_field} {ctx.get('tag', '')!r} ({message})"
+            message = f"unknown {tag_field} {shown(repr(ctx.get('tag', '')))} ({message})"
         parts.append(f"{path}: {message}" if path else message)
         params.append(path)
     remaining = exc.error_count() - len(parts)
@@ -358,18 +357,12 @@ class ChatCompletionsApi:
     async def create(self, request: Request) -> Response:
         try:
             return await self._create(request)
-        except ApiError as exc:
-            if exc.status < 500:
-                log.info("%s %s refused: status=%d %s", request.method, request.url.path,
-                         exc.status, exc.message[:200])  # fmt: skip
-            return openai_error_response(exc)
         except Exception as exc:  # never let a bug become a non-envelope 500 or a crash
-            return openai_error_response(openai_engine_error(exc))
+            error = openai_engine_error(exc)
+            log_refusal(request, error)
+            return openai_error_response(error)
 
     async def _create(self, request: Request) -> Response:
-        # Imported here: server/app.py imports this module to build its routes.
-        from mlxlaunch.server.app import RequestLog
-
         raw = await request.body()
         if len(raw) > LARGE_BODY_BYTES:  # parsed off the loop: /health stays live
             body = await asyncio.to_thread(parse_chat_body, raw)

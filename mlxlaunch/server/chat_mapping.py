@@ -15,7 +15,6 @@ other id (a random call of ours, ids from another server) stays as the client se
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -30,6 +29,7 @@ from mlxlaunch.engine.types import (
     ToolChoice,
     ToolSpec,
 )
+from mlxlaunch.protocol.limits import shown
 from mlxlaunch.protocol.openai_chat import (
     AssistantMessage,
     AudioPart,
@@ -49,6 +49,7 @@ from mlxlaunch.protocol.openai_chat import (
     UserMessage,
 )
 from mlxlaunch.protocol.responses import ModelEntry
+from mlxlaunch.server.call_arguments import history_arguments
 from mlxlaunch.server.mapping import BLOCK_SEPARATOR
 
 log = logging.getLogger("mlxlaunch.server")
@@ -162,8 +163,8 @@ def offered_tools(tools: Iterable[ChatTool], request_id: str) -> list[ToolSpec]:
     specs: list[ToolSpec] = []
     for tool in tools:
         if not tool.is_function or tool.function is None:
-            log.info("%s: ignoring a tool of type %r (only function tools are offered)",
-                     request_id, tool.type)  # fmt: skip
+            log.info("%s: ignoring a tool of type %s (only function tools are offered)",
+                     request_id, shown(repr(tool.type)))  # fmt: skip
             continue
         function = tool.function
         parameters = function.parameters or {"type": "object", "properties": {}}
@@ -295,7 +296,9 @@ def _assistant_message(index: int, message: AssistantMessage) -> ChatMessage:
         ToolCallRecord(
             id=engine_call_id(call.id),
             name=call.function.name,
-            arguments=_arguments(call.function.arguments, f"messages.{index}.tool_calls.{n}"),
+            arguments=history_arguments(
+                call.function.arguments, f"messages.{index}.tool_calls.{n}.function.arguments"
+            ),
         )
         for n, call in enumerate(message.tool_calls or [])
     ]
@@ -307,19 +310,6 @@ def _assistant_message(index: int, message: AssistantMessage) -> ChatMessage:
 
 def _refusal(part: RefusalPart) -> str:
     return part.refusal
-
-
-def _arguments(text: str, path: str) -> dict[str, Any]:
-    """A history call's arguments: JSON text of an object (empty text: no arguments)."""
-    if not text.strip():
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InvalidRequest(f"{path}.function.arguments: not valid JSON ({exc})") from exc
-    if not isinstance(value, dict):
-        raise InvalidRequest(f"{path}.function.arguments: must be a JSON object")
-    return value
 
 
 def _user_message(index: int, message: UserMessage, *, accepts_images: bool) -> ChatMessage:

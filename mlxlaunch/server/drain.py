@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mlxlaunch.protocol.errors import ErrorType, error_body, status_for
 from mlxlaunch.protocol.events import ErrorEvent
+from mlxlaunch.protocol.limits import shown
 from mlxlaunch.protocol.sse import encode_event
 
 log = logging.getLogger("mlxlaunch.server")
@@ -138,7 +139,7 @@ class Drain:
                 self._counted -= counted
         if cancel.cancelled_caught:
             self.cut += 1
-            log.info("%s %s: %s; answered %s", scope["method"], scope["path"],
+            log.info("%s %s: %s; answered %s", scope["method"], shown(scope["path"]),
                      self.message, SHUTDOWN_ERROR)  # fmt: skip
             await _answer_cut(watch, send, self.message)
 

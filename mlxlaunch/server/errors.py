@@ -22,8 +22,11 @@ from mlxlaunch.engine.types import (
     Overloaded,
 )
 from mlxlaunch.protocol.errors import ErrorType, error_body, status_for
+from mlxlaunch.protocol.limits import shown
 
 log = logging.getLogger("mlxlaunch.server")
+
+MAX_ERROR_MESSAGE_CHARS = 4_000
 
 
 class ApiError(Exception):
@@ -38,6 +41,9 @@ class ApiError(Exception):
         headers: dict[str, str] | None = None,
         details: dict[str, Any] | None = None,
     ) -> None:
+        # Bounded: messages quote what the client sent (an id, a type), and a 4 MB id was
+        # echoed whole; nothing of ours is this long.
+        message = shown(message, MAX_ERROR_MESSAGE_CHARS)
         super().__init__(message)
         self.error_type = error_type
         self.message = message
@@ -96,7 +102,7 @@ def engine_error(exc: Exception) -> ApiError:
     if isinstance(exc, ApiError):
         return exc
     if not isinstance(exc, EngineError):
-        log.error("request failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
+        log.error("request failed: %s: %s", type(exc).__name__, shown(exc, 500), exc_info=exc)
         return ApiError("api_error", UNEXPECTED_MESSAGE)
     answer = answer_for(exc)
     message = answer.prefix + (str(exc) or type(exc).__name__)

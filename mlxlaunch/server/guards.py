@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mlxlaunch.errors import ConfigError
+from mlxlaunch.loopback import is_loopback
 from mlxlaunch.protocol.errors import ErrorType, error_body
 from mlxlaunch.protocol.limits import MAX_BODY_BYTES
 
@@ -71,17 +72,6 @@ class HttpLimits:
 
 
 # --- exposure ------------------------------------------------------------------------------
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` (a name or address, no port) is this machine's loopback."""
-    name = host.strip().strip("[]").rstrip(".").lower()
-    if name == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
 
 
 def check_exposure(host: str, *, auth_token: str | None, allow_remote: bool) -> None:
@@ -369,7 +359,10 @@ class RequestGuard:
             )
         declared = _header(scope, b"content-length")
         if declared is not None:
-            if not declared.strip().isdigit():
+            # ASCII digits only (`isdigit` takes "²", which int() refuses), and few enough
+            # that int() converts them (a 5,000-digit header was a ValueError, a 500).
+            digits = declared.strip()
+            if not (digits.isascii() and digits.isdigit() and len(digits) <= 20):
                 raise _Refused("invalid_request_error", "bad content-length header", 400)
             if int(declared) > self.limits.max_body_bytes:
                 raise _Refused("request_too_large", _too_large(self.limits), 413)

@@ -7,18 +7,16 @@ store does not hold is a 400 `previous_response_not_found`. Unlike message threa
 response can be continued any number of times (OpenAI's responses branch).
 
 The design is message threads' (server/threads.py): a count and byte budget, least recently
-used first, an idle TTL, files beside the disk KV cache (`responses/resp_<24 hex>.json`,
-carrying a format marker, never a symlink followed), and the conversation's KV pinned for
-its next turn (`GenerationRequest.pin_prefix_s`).
+used first, an idle TTL, files beside the disk KV cache when there is a disk tier
+(`responses/resp_<24 hex>.json`, carrying a format marker), held to the same budget across
+restarts by server/conversation_files.py, whatever wrote them.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-import stat
 import threading
 import time
 from collections import OrderedDict
@@ -26,7 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mlxlaunch.server.threads import PIN_S, ThreadLimits, _usable_dir
+from mlxlaunch.server.conversation_files import ConversationFiles
+from mlxlaunch.server.threads import PIN_S, ThreadLimits
 
 log = logging.getLogger("mlxlaunch.server")
 
@@ -48,10 +47,14 @@ class ResponseStore:
         self._lock = threading.Lock()
         self._held: OrderedDict[str, tuple[list[dict[str, Any]], float, int]] = OrderedDict()
         self._bytes = 0
-        self._dir = _usable_dir(directory)
+        self._disk = ConversationFiles(
+            directory, self.limits, format_name=FORMAT, own_id=_OWN_ID, clock=clock,
+            what="responses",
+        )  # fmt: skip
 
     @property
     def pin_s(self) -> float:
+        """How long a continued conversation's KV is pinned (as a thread's, ThreadStore.pin_s)."""
         return min(self.limits.ttl_s, PIN_S)
 
     def lookup(self, response_id: str) -> list[dict[str, Any]] | None:
@@ -68,6 +71,7 @@ class ResponseStore:
             items, _, nbytes = held
             self._held[response_id] = (items, self._clock(), nbytes)
             self._held.move_to_end(response_id)
+            self._disk.touch(response_id)  # continued: the newest on disk too
             self._evict()
             return list(items)
 
@@ -87,7 +91,7 @@ class ResponseStore:
         with self._lock:
             self._held[response_id] = (items, now, nbytes)
             self._bytes += nbytes
-            self._write(response_id, text)
+            self._disk.write(response_id, text)
             self._evict()
 
     @property
@@ -101,6 +105,7 @@ class ResponseStore:
         cutoff = self._clock() - self.limits.ttl_s
         for response_id in [i for i, (_, used, _) in self._held.items() if used < cutoff]:
             self._forget(response_id)
+        self._disk.enforce()
 
     def _evict(self) -> None:
         while self._held and (
@@ -112,61 +117,23 @@ class ResponseStore:
         held = self._held.pop(response_id, None)
         if held is not None:
             self._bytes -= held[2]
-        self._delete(response_id)
+        self._disk.delete(response_id)
 
     # --- disk -------------------------------------------------------------------------------
 
-    def _path(self, response_id: str) -> Path | None:
-        if self._dir is None or not _OWN_ID.fullmatch(response_id):
-            return None
-        return self._dir / f"{response_id}.json"
-
     def _read(self, response_id: str) -> tuple[list[dict[str, Any]], float, int] | None:
-        path = self._path(response_id)
-        if path is None:
+        found = self._disk.read(response_id)
+        if found is None:
             return None
-        try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-            with os.fdopen(fd, "rb") as handle:
-                if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                    return None
-                raw = handle.read(self.limits.max_bytes + 1)
-            data = json.loads(raw)
-        except (OSError, ValueError):
+        data, nbytes = found
+        items = data.get("items") if isinstance(data, dict) else None
+        if (
+            data.get("format") != FORMAT
+            or data.get("id") != response_id
+            or not isinstance(items, list)
+            or not all(isinstance(i, dict) for i in items)
+        ):
+            log.info("responses: %s.json is no response of this server; removed", response_id)
+            self._disk.delete(response_id)
             return None
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
-            return None
-        items, used_at = data.get("items"), data.get("used_at")
-        if data.get("id") != response_id or not isinstance(items, list):
-            return None
-        if not all(isinstance(i, dict) for i in items) or not isinstance(used_at, int | float):
-            return None
-        if used_at < self._clock() - self.limits.ttl_s:
-            return None
-        return items, float(used_at), len(raw)
-
-    def _write(self, response_id: str, text: str) -> None:
-        path = self._path(response_id)
-        if path is None:
-            return
-        temp = path.with_name(f".{path.name}.tmp")
-        try:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
-            with os.fdopen(os.open(temp, flags, 0o600), "wb") as handle:
-                handle.write(text.encode())
-            os.replace(temp, path)
-        except OSError as exc:
-            log.warning("responses: could not save %s (%s); kept in memory only", path.name, exc)
-
-    def _delete(self, response_id: str) -> None:
-        path = self._path(response_id)
-        if path is None:
-            return
-        try:
-            if stat.S_ISREG(path.lstat().st_mode):
-                with path.open("rb") as handle:
-                    marked = handle.read(64).startswith(b'{"format": "' + FORMAT.encode() + b'"')
-                if marked:
-                    path.unlink()
-        except OSError:
-            pass
+        return items, self._clock(), nbytes

@@ -12,7 +12,6 @@ with the status the Messages API gives the same failure (a too-long prompt is a 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
@@ -24,12 +23,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from mlxlaunch.engine.types import Done, EngineEvent
+from mlxlaunch.engine.types import EngineEvent
 from mlxlaunch.protocol.errors import describe_validation_error
 from mlxlaunch.protocol.limits import LARGE_BODY_BYTES
 from mlxlaunch.protocol.openai_responses import (
     InputItem,
     InputItemOrEasy,
+    OtherItem,
     OutputFunctionCall,
     OutputMessage,
     OutputReasoning,
@@ -45,6 +45,7 @@ from mlxlaunch.server.openai_errors import (
     openai_engine_error,
     openai_error_response,
 )
+from mlxlaunch.server.request_log import RequestLog, log_refusal
 from mlxlaunch.server.response_store import ResponseStore
 from mlxlaunch.server.responses_mapping import to_generation_request
 from mlxlaunch.server.responses_stream import ResponseStream, new_response, new_response_id
@@ -53,7 +54,6 @@ from mlxlaunch.server.streaming import EventPump, _End, cache_headers, cancel_on
 if TYPE_CHECKING:
     from mlxlaunch.server.app import ServerSettings, ServingEngine
 
-log = logging.getLogger("mlxlaunch.server")
 
 Handler = Callable[[Request], Awaitable[Response]]
 _ITEMS = TypeAdapter(list[InputItemOrEasy])
@@ -83,7 +83,9 @@ class ResponsesApi:
         try:
             return await self._create(request)
         except Exception as exc:  # never a 500 page or a crash: OpenAI's envelope
-            return openai_error_response(openai_engine_error(exc, param="input"))
+            error = openai_engine_error(exc, param="input")
+            log_refusal(request, error)
+            return openai_error_response(error)
 
     async def _create(self, request: Request) -> Response:
         body = await parse_request(request)
@@ -115,15 +117,19 @@ class ResponsesApi:
             )
         )
         store = body.store is not False
-        if store:  # its continuation reuses this conversation: keep its KV
+        # Pinned only for a client that continues by id (it sent previous_response_id): a
+        # stored answer is OpenAI's default, and most are never continued (Codex sends
+        # store: false and resends its history). Pins never outrank the main session.
+        if store and body.previous_response_id:
             gen = replace(gen, pin_prefix_s=self.store.pin_s)
         stream = ResponseStream(_echo(body, response_id, store), names)
         turn = _Turn(response_id, body.model, items if store else None, time.monotonic())
         pump = EventPump(self.engine.submit(gen))
         try:
             first = await pump.next(self.settings.admission_grace_s if body.stream else 0.0)
-        except Exception:
+        except Exception as exc:
             await pump.aclose()
+            turn.finish(engine_error(exc).status)
             raise
         if body.stream:
             return StreamingResponse(
@@ -146,7 +152,7 @@ class ResponsesApi:
         turn: _Turn,
     ) -> Response:
         watcher = asyncio.create_task(
-            cancel_on_disconnect(request, self.engine.cancel, turn.response_id)
+            cancel_on_disconnect(request, self.engine.cancel, turn.request_id)
         )
         headers: dict[str, str] = {}
         try:
@@ -213,7 +219,7 @@ class ResponsesApi:
                 yield frame(item.type, item.model_dump(mode="json"))
         finally:
             if not stream.finished:
-                self.engine.cancel(turn.response_id)
+                self.engine.cancel(turn.request_id)
                 status = status if status != 200 else 499
             await pump.aclose()
             turn.finish(status)
@@ -221,45 +227,25 @@ class ResponsesApi:
     def _keep(self, turn: _Turn, response: ResponseObject) -> None:
         if turn.items is None or response.status == "failed":
             return
-        dumped = [i.model_dump(mode="json", by_alias=True, exclude_none=True) for i in turn.items]
+        # What the prompt is made of: items of types this server does not serve are skipped
+        # by the mapping, so they are not kept either (opaque fields are never dumped).
+        dumped = [
+            i.model_dump(mode="json", by_alias=True, exclude_none=True)
+            for i in turn.items
+            if not isinstance(i, OtherItem)
+        ]
         self.store.keep(response.id, [*dumped, *(as_input_item(o) for o in response.output)])
 
 
-class _Turn:
-    """One request's figures for its log line, and the items a stored response keeps."""
+class _Turn(RequestLog):
+    """One request's log line (the same as the other APIs'), and the items a stored response
+    keeps (None: not stored)."""
 
     def __init__(
         self, response_id: str, model: str, items: list[InputItem] | None, started: float
     ) -> None:
-        self.response_id = response_id
-        self.model = model
+        super().__init__(response_id, model, started)
         self.items = items
-        self.started = started
-        self.done: Done | None = None
-        self._logged = False
-
-    def observe(self, event: EngineEvent) -> None:
-        if isinstance(event, Done):
-            self.done = event
-
-    def finish(self, status: int) -> None:
-        if self._logged:
-            return
-        self._logged = True
-        usage = self.done.usage if self.done else None
-        timings = self.done.timings if self.done else None
-        log.info(
-            "%s model=%s prompt=%d cached=%d output=%d time=%.2fs draft=%d/%d status=%d",
-            self.response_id,
-            self.model,
-            usage.prompt_tokens if usage else 0,
-            usage.cached_tokens if usage else 0,
-            usage.output_tokens if usage else 0,
-            time.monotonic() - self.started,
-            timings.accepted_tokens if timings else 0,
-            timings.drafted_tokens if timings else 0,
-            status,
-        )
 
 
 def _echo(body: ResponsesRequest, response_id: str, store: bool) -> ResponseObject:

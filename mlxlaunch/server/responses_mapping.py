@@ -14,11 +14,9 @@ and `namespace` apart, as Codex routes it.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from mlxlaunch.engine.types import (
     ChatMessage,
@@ -31,6 +29,7 @@ from mlxlaunch.engine.types import (
     ToolChoice,
     ToolSpec,
 )
+from mlxlaunch.protocol.limits import shown_names
 from mlxlaunch.protocol.openai_responses import (
     ContentPart,
     FunctionCallItem,
@@ -47,6 +46,7 @@ from mlxlaunch.protocol.openai_responses import (
     ResponsesRequest,
     ToolChoiceFunction,
 )
+from mlxlaunch.server.call_arguments import history_arguments
 
 log = logging.getLogger("mlxlaunch.server")
 
@@ -104,7 +104,7 @@ def function_tools(body: ResponsesRequest) -> tuple[list[ToolSpec], ToolNames]:
         else:
             ignored.append(tool.type or "?")
     if ignored:
-        log.info("responses: tool types not served, ignored: %s", ", ".join(sorted(set(ignored))))
+        log.info("responses: tool types not served, ignored: %s", shown_names(ignored))
     names = ToolNames()
     specs: list[ToolSpec] = []
     taken = {tool.name for tool in top}
@@ -244,12 +244,7 @@ class _Conversation:
             self.out.append(ChatMessage(role=role, content=text))
 
     def _function_call(self, index: int, item: FunctionCallItem) -> None:
-        try:
-            arguments = json.loads(item.arguments) if item.arguments.strip() else {}
-        except json.JSONDecodeError as exc:
-            raise InvalidRequest(f"input.{index}.arguments: not valid JSON ({exc})") from exc
-        if not isinstance(arguments, dict):
-            raise InvalidRequest(f"input.{index}.arguments: must be a JSON object")
+        arguments = history_arguments(item.arguments, f"input.{index}.arguments")
         turn = self._open_assistant()
         call = ToolCallRecord(
             id=engine_call_id(item.call_id),
@@ -323,14 +318,5 @@ def conversation(
     built._end_assistant()
     built.close_results()
     if built.ignored:
-        log.info("responses: input items not served, ignored: %s", ", ".join(sorted(built.ignored)))
+        log.info("responses: input items not served, ignored: %s", shown_names(built.ignored))
     return built.out
-
-
-def parse_arguments(arguments: str) -> dict[str, Any] | None:
-    """The arguments object of a call's JSON text, or None when it is not one."""
-    try:
-        parsed = json.loads(arguments) if arguments.strip() else {}
-    except json.JSONDecodeError:
-        return None
-    return parsed if isinstance(parsed, dict) else None

@@ -30,6 +30,7 @@ from mlxlaunch.engine.types import (
     ToolInputDelta,
 )
 from mlxlaunch.engine.types import Usage as EngineUsage
+from mlxlaunch.protocol.limits import shown
 from mlxlaunch.protocol.openai_responses import (
     ArgumentsDeltaEvent,
     ArgumentsDoneEvent,
@@ -53,7 +54,8 @@ from mlxlaunch.protocol.openai_responses import (
     TextDeltaEvent,
     TextDoneEvent,
 )
-from mlxlaunch.server.responses_mapping import ToolNames, client_call_id, parse_arguments
+from mlxlaunch.server.call_arguments import model_arguments
+from mlxlaunch.server.responses_mapping import ToolNames, client_call_id
 
 log = logging.getLogger("mlxlaunch.server")
 
@@ -140,7 +142,11 @@ class ResponseStream:
         out: list[StreamEvent] = []
         if not self._started:
             self._start(out)
-        self._close(out)
+        try:
+            self._close(out)
+        except Exception:  # whatever failed the response must not stop its `response.failed`
+            log.exception("closing the open output item of a failed response")
+            self._open = None
         self.response.status = "failed"
         self.response.error = ResponseError(code=code, message=message)
         self._finished = True
@@ -237,9 +243,11 @@ class ResponseStream:
         if not streaming:
             self._open_call(out, event.id, event.name)
         if not self._streamed:
-            arguments = parse_arguments(event.arguments)
+            arguments = model_arguments(event.arguments)
             if arguments is None:
-                log.warning("tool call %s: arguments are not a JSON object; sending {}", event.name)
+                log.warning(
+                    "tool call %s: arguments are not a JSON object; sending {}", shown(event.name)
+                )
                 arguments = {}
             self._arguments(out, json.dumps(arguments, ensure_ascii=False))
         self._close(out)
@@ -276,8 +284,10 @@ class ResponseStream:
             )
             self._emit(out, self._summary_event("response.reasoning_summary_part.done"))
         else:
-            if parse_arguments(item.arguments) is None:  # the engine promises JSON; if not, {}
-                log.warning("tool call %s: arguments are not a JSON object; sending {}", item.name)
+            if model_arguments(item.arguments) is None:  # the engine promises JSON; if not, {}
+                log.warning(
+                    "tool call %s: arguments are not a JSON object; sending {}", shown(item.name)
+                )
                 item.arguments = "{}"
             self._emit(
                 out,

@@ -41,6 +41,7 @@ from mlxlaunch.engine.types import (
     TextDelta,
 )
 from mlxlaunch.protocol.events import MessageDeltaEvent, PingEvent
+from mlxlaunch.protocol.limits import shown
 from mlxlaunch.protocol.requests import MessagesRequest, TextBlock
 from mlxlaunch.protocol.responses import Message, ResponseToolUseBlock
 from mlxlaunch.protocol.safeguards import (
@@ -158,7 +159,7 @@ class SafetyCheck:
             self.engine.cancel(request.request_id)
             raise
         except Exception as exc:
-            log.warning("%s: safety check could not run: %s", message_id, exc)
+            log.warning("%s: safety check could not run: %s", message_id, shown(exc, 300))
             return _all_unavailable(calls, "error"), "error"
         verdicts = parse_verdicts(text, calls)
         if verdicts is None:
@@ -359,7 +360,7 @@ def parse_verdicts(
     """The verdicts by tool_use id, or None when `text` is not a full answer."""
     try:
         answer = json.loads(text)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # model output: not JSON, a huge integer, too deep
         return None
     if not isinstance(answer, dict):
         return None

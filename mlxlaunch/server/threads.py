@@ -8,23 +8,22 @@ tools, messages and the reply — is kept under the reply's message id. A reques
 messages, with the thread's system and tools, and runs the whole of it; its reply becomes the
 thread's new tip. Threads are linear, as Anthropic's are: a reply continues once.
 
-What the store cannot serve is a 400 whose `error.details.error_code` the SDKs act on
+What the store cannot serve is an error whose `error.details.error_code` the SDKs act on
 (`thread_not_found` and friends: replay the full history under a new thread;
 `thread_unsupported_request`: stop threading), so a lost thread costs a resend, never a turn.
 
 Bounds: a count and a byte budget (least recently used first) and an idle TTL. With a
-`directory` (the disk cache's), threads are also files, so they survive a restart as the KV
-of their conversation does; the store only reads and deletes regular files named as it names
-them (`msg_<24 hex>.json`) that carry its format marker, and never follows a symlink.
+`directory` (the disk cache's, when there is a disk tier), threads are also files, so they
+survive a restart as the KV of their conversation does; server/conversation_files.py holds
+them to the same budget whatever wrote them, and reads and deletes only regular files named as
+this store names them (`msg_<24 hex>.json`) that carry its format marker.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-import stat
 import threading
 import time
 from collections import OrderedDict
@@ -33,10 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlxlaunch.home import private_dir
 from mlxlaunch.protocol.requests import MessagesRequest
 from mlxlaunch.protocol.responses import Message
-from mlxlaunch.protocol.threads import ThreadContinue, ThreadErrorCode
+from mlxlaunch.protocol.threads import THREAD_ERRORS, ThreadContinue, ThreadErrorCode
+from mlxlaunch.server.conversation_files import ConversationFiles, ThreadLimits
 from mlxlaunch.server.errors import ApiError
 
 log = logging.getLogger("mlxlaunch.server")
@@ -50,21 +49,6 @@ CREATE_ONLY = ("system", "tools")
 PIN_S = 15 * 60.0
 # How many continued ids are remembered, to answer `thread_already_continued`.
 _TOMBSTONES = 4096
-
-
-@dataclass(frozen=True)
-class ThreadLimits:
-    """How much the store keeps.
-
-    Args:
-        max_threads: most conversations held (least recently used go first).
-        max_bytes: most bytes of conversation JSON held in memory and on disk.
-        ttl_s: a thread unused this long is forgotten (its next `continue` replays).
-    """
-
-    max_threads: int = 512
-    max_bytes: int = 256 * 1024 * 1024
-    ttl_s: float = 24 * 3600.0
 
 
 @dataclass
@@ -104,8 +88,10 @@ class ThreadTurn:
 
 
 def thread_error(code: ThreadErrorCode, message: str, **details: Any) -> ApiError:
-    """The 400 the SDKs read `error.details.error_code` from."""
-    return ApiError("invalid_request_error", message, details={"error_code": code, **details})
+    """The error the SDKs read `error.details.error_code` from, with its type and status
+    (`THREAD_ERRORS`)."""
+    error_type, status = THREAD_ERRORS[code]
+    return ApiError(error_type, message, status=status, details={"error_code": code, **details})
 
 
 def _dump(items: list[Any] | None) -> list[dict[str, Any]] | None:
@@ -138,10 +124,9 @@ class ThreadStore:
         self._bytes = 0
         self._in_flight: set[str] = set()
         self._continued: OrderedDict[str, None] = OrderedDict()
-        self._dir = _usable_dir(directory)
-        self._files: OrderedDict[str, tuple[float, int]] = OrderedDict()  # id → (mtime, size)
-        if self._dir is not None:
-            self._index_files()
+        self._disk = ConversationFiles(
+            directory, self.limits, format_name=FORMAT, own_id=_OWN_ID, clock=clock, what="threads"
+        )
 
     # --- a request's turn ---------------------------------------------------------------
 
@@ -226,7 +211,7 @@ class ThreadStore:
                 return
             self._held[reply.id] = held
             self._bytes += held.nbytes
-            self._write(held.message_id, text)
+            self._disk.write(held.message_id, text)
             self._evict()
 
     def release(self, turn: ThreadTurn) -> None:
@@ -247,34 +232,34 @@ class ThreadStore:
     @property
     def count(self) -> int:
         with self._lock:
-            return len(self._held) + len(self._files.keys() - self._held.keys())
+            return len(self._held) + len(self._disk.index.keys() - self._held.keys())
 
     # --- memory -------------------------------------------------------------------------
 
     def _lookup(self, message_id: str) -> HeldThread | None:
         self._expire()
         held = self._held.get(message_id)
-        if held is None and message_id in self._files:
+        if held is None and message_id in self._disk:
             held = self._read(message_id)
             if held is not None:
                 self._held[message_id] = held
                 self._bytes += held.nbytes
         if held is not None:
             self._held.move_to_end(message_id)
+            self._disk.touch(message_id)
         return held
 
     def _expire(self) -> None:
         cutoff = self._clock() - self.limits.ttl_s
         stale = [i for i, held in self._held.items() if held.used_at < cutoff]
-        stale += [
-            i for i, (mtime, _) in self._files.items() if mtime < cutoff and i not in self._held
-        ]
         for message_id in stale:
             if message_id not in self._in_flight:
                 self._forget(message_id)
+        self._disk.enforce(frozenset(self._in_flight))
 
     def _evict(self) -> None:
-        """Least recently used first, until count and bytes fit (memory and disk as one)."""
+        """Least recently used first, until count and bytes fit (in memory; the files are
+        held to the same budget by ConversationFiles)."""
         while self._held and (
             len(self._held) > self.limits.max_threads or self._bytes > self.limits.max_bytes
         ):
@@ -282,13 +267,7 @@ class ThreadStore:
             if oldest in self._in_flight and len(self._held) == 1:
                 break
             self._forget(oldest)
-        disk = sum(size for _, size in self._files.values())
-        while self._files and (
-            len(self._files) > self.limits.max_threads or disk > self.limits.max_bytes
-        ):
-            oldest = next(iter(self._files))
-            disk -= self._files[oldest][1]
-            self._forget(oldest)
+        self._disk.enforce(frozenset(self._in_flight))
 
     def _forget(self, message_id: str, *, continued: bool = False) -> None:
         held = self._held.pop(message_id, None)
@@ -298,105 +277,18 @@ class ThreadStore:
             self._continued[message_id] = None
             while len(self._continued) > _TOMBSTONES:
                 self._continued.popitem(last=False)
-        self._delete(message_id)
-
-    # --- disk ---------------------------------------------------------------------------
-
-    def _index_files(self) -> None:
-        assert self._dir is not None
-        found: list[tuple[float, str, int]] = []
-        try:
-            entries = list(os.scandir(self._dir))
-        except OSError as exc:
-            log.warning(
-                "threads: cannot list %s (%s); threads are kept in memory only", self._dir, exc
-            )
-            self._dir = None
-            return
-        for entry in entries:
-            name = entry.name
-            if not name.endswith(".json") or not _OWN_ID.fullmatch(name[:-5]):
-                continue
-            try:
-                info = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if stat.S_ISREG(info.st_mode):
-                found.append((info.st_mtime, name[:-5], info.st_size))
-        for mtime, message_id, size in sorted(found):
-            self._files[message_id] = (mtime, size)
+        self._disk.delete(message_id)
 
     def _read(self, message_id: str) -> HeldThread | None:
         """A thread file, if it is one this store wrote and is well-formed; else None."""
-        assert self._dir is not None
-        path = self._dir / f"{message_id}.json"
-        try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-            with os.fdopen(fd, "rb") as handle:
-                if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                    return None
-                raw = handle.read(self.limits.max_bytes + 1)
-            data = json.loads(raw)
-        except (OSError, ValueError) as exc:
-            log.info("threads: %s is unreadable (%s); ignored", path.name, exc)
-            self._files.pop(message_id, None)
+        found = self._disk.read(message_id)
+        if found is None:
             return None
-        held = _held_from(data, message_id, len(raw))
+        held = _held_from(found[0], message_id, found[1])
         if held is None:
-            log.info("threads: %s is not a thread file of this server; ignored", path.name)
-            self._files.pop(message_id, None)
+            log.info("threads: %s.json is no thread of this server; removed", message_id)
+            self._disk.delete(message_id)
         return held
-
-    def _write(self, message_id: str, text: str) -> None:
-        if self._dir is None:
-            return
-        path = self._dir / f"{message_id}.json"
-        temp = self._dir / f".{message_id}.json.tmp"
-        data = text.encode()
-        try:
-            fd = os.open(
-                temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o600
-            )
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-            os.replace(temp, path)
-        except OSError as exc:
-            log.warning(
-                "threads: could not save %s (%s); it is kept in memory only", path.name, exc
-            )
-            return
-        self._files[message_id] = (self._clock(), len(data))
-        self._files.move_to_end(message_id)
-
-    def _delete(self, message_id: str) -> None:
-        if self._files.pop(message_id, None) is None or self._dir is None:
-            return
-        path = self._dir / f"{message_id}.json"
-        try:
-            if stat.S_ISREG(path.lstat().st_mode) and _carries_marker(path):
-                path.unlink()
-        except OSError:
-            pass
-
-
-def _usable_dir(directory: Path | None) -> Path | None:
-    """`directory`, created private, unless it is (or cannot be made) a real directory."""
-    if directory is None:
-        return None
-    try:
-        private_dir(directory)  # and missing parents: 0700 whatever the umask
-        if not stat.S_ISDIR(directory.lstat().st_mode):
-            raise OSError("not a directory (a symlink is not followed)")
-    except OSError as exc:
-        log.warning("threads: %s is unusable (%s); threads are kept in memory only", directory, exc)
-        return None
-    return directory
-
-
-def _carries_marker(path: Path) -> bool:
-    """Whether the file starts as this store writes its files (only those are deleted)."""
-    with path.open("rb") as handle:
-        return handle.read(64).startswith(b'{"format": "' + FORMAT.encode() + b'"')
 
 
 def _held_from(data: Any, message_id: str, nbytes: int) -> HeldThread | None:

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from mlxlaunch.store.compute import Compute, active_share, this_machine
-from mlxlaunch.store.memory import GIB, memory_fit, memory_needed
+from mlxlaunch.store.memory import GIB, MemoryFit, format_bytes, memory_fit, memory_needed
 
 GB = 1000**3
 
@@ -87,24 +87,55 @@ def alias_for_repo(repo_id: str) -> str | None:
     return next((e.alias for e in CATALOG if e.repo_id.lower() == wanted), None)
 
 
-def recommend(
+@dataclass(frozen=True)
+class Recommendation:
+    """The catalog model for a machine, and why: what fits its memory, what its compute runs.
+
+    The one rule behind `mlx models recommend`, `mlx doctor`, the demo's hint and the pull a
+    launch offers; `speed_rule()` is its one explanation, quoted by each of them.
+    """
+
+    entry: CatalogEntry
+    fit: MemoryFit
+    compute: Compute | None  # None: judged by memory alone
+    too_slow: tuple[CatalogEntry, ...] = ()  # better-ranked, fit in memory, too slow here
+
+    def speed_rule(self) -> str | None:
+        """Why bigger models that fit in memory were passed over, or None when none were.
+
+        E.g. "CPU only (2 cores): a model is usable when each token reads at most 1.0 GiB of
+        weights; qwen3-14b and 5 more fit in memory but would take minutes per reply".
+        """
+        budget = self.compute.active_bytes_budget if self.compute is not None else None
+        if not self.too_slow or self.compute is None or budget is None:
+            return None
+        best = self.too_slow[0].alias
+        more = f" and {len(self.too_slow) - 1} more" if len(self.too_slow) > 1 else ""
+        return (
+            f"{self.compute.describe()}: a model is usable when each token reads at most "
+            f"{format_bytes(budget)} of weights; {best}{more} fit in memory but would take "
+            "minutes per reply"
+        )
+
+
+def recommendation(
     total_memory: int | None = None,
     *,
     kind: str | None = None,
     entries: Iterable[CatalogEntry] = CATALOG,
     compute: Compute | None = None,
-) -> CatalogEntry | None:
-    """The best-ranked entry that fits a machine's memory and suits its compute (None if none
-    fits in memory).
+) -> Recommendation | None:
+    """The best-ranked entry that fits a machine's memory and suits its compute, with the
+    reasons (None if none fits in memory).
 
     Args:
         total_memory: bytes of RAM; None reads this machine's.
         kind: restrict to "coder" or "general" models.
         entries: the catalog to choose from (tests pass their own).
         compute: the machine's backend and cores. None: this machine's when `total_memory`
-            is None too, else memory alone (judging another machine). On a CPU-only machine
-            the models that fit but would be too slow are passed over (for the fastest one
-            that fits, when none suits).
+            is None too, else memory alone. On a CPU-only machine the models that fit but
+            would be too slow are passed over (for the fastest one that fits, when none
+            suits).
     """
     if compute is None and total_memory is None:
         compute = this_machine()
@@ -116,10 +147,38 @@ def recommend(
     if not fitting:
         return None
     suited = [e for e in fitting if e.suits(compute)]
-    if not suited:
-        return min(fitting, key=lambda e: (e.active_bytes, -e.rank))
-    # Prefer rank, then a longer context (Claude Code's prompt alone is ~20k tokens).
-    return max(suited, key=lambda e: (e.rank, e.context_window))
+    if suited:
+        # Prefer rank, then a longer context (Claude Code's prompt alone is ~20k tokens).
+        pick = max(suited, key=lambda e: (e.rank, e.context_window))
+    else:
+        pick = min(fitting, key=lambda e: (e.active_bytes, -e.rank))
+    too_slow = sorted(
+        (e for e in fitting if not e.suits(compute) and e.rank > pick.rank),
+        key=lambda e: -e.rank,
+    )
+    fit = memory_fit(pick.size_bytes, total_memory)
+    return Recommendation(pick, fit, compute, tuple(too_slow))
 
 
-__all__ = ["CATALOG", "GIB", "CatalogEntry", "alias_for_repo", "catalog_entry", "recommend"]
+def recommend(
+    total_memory: int | None = None,
+    *,
+    kind: str | None = None,
+    entries: Iterable[CatalogEntry] = CATALOG,
+    compute: Compute | None = None,
+) -> CatalogEntry | None:
+    """The entry `recommendation()` picks (see there), without its reasons."""
+    found = recommendation(total_memory, kind=kind, entries=entries, compute=compute)
+    return found.entry if found is not None else None
+
+
+__all__ = [
+    "CATALOG",
+    "GIB",
+    "CatalogEntry",
+    "Recommendation",
+    "alias_for_repo",
+    "catalog_entry",
+    "recommend",
+    "recommendation",
+]

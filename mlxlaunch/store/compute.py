@@ -13,15 +13,15 @@ import os
 import platform
 import re
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Literal
 
 Backend = Literal["metal", "cuda", "cpu"]
+BACKENDS: tuple[Backend, ...] = ("metal", "cuda", "cpu")
 
 # On the CPU backend, bytes of active weights per token a core can stream at a usable decode
 # rate (a few tokens/s) while a 20k-token prefill still finishes in minutes, not hours. Two
-# cores: ~1 GB of active weights, a 1.5B model at 4 bits.
-CPU_ACTIVE_BYTES_PER_CORE = 500 * 1000**2
+# cores: 1 GiB of active weights, a 1.5B model at 4 bits.
+CPU_ACTIVE_BYTES_PER_CORE = 512 * 1024**2
 
 _ACTIVE = re.compile(r"^\s*([\d.]+)\s*B\s*-\s*A\s*([\d.]+)\s*B\s*$", re.I)
 
@@ -55,6 +55,8 @@ def this_machine() -> Compute:
     cores = os.cpu_count() or 1
     if platform.system() == "Darwin" and platform.machine() == "arm64":
         return Compute("metal", cores)
+    from importlib import metadata  # ~0.07 s: only when asked, not when the catalog loads
+
     for dist in ("mlx-cuda", "mlx_cuda"):
         try:
             metadata.distribution(dist)
@@ -74,4 +76,4 @@ def active_share(params: str) -> float:
     return min(1.0, active / total) if total > 0 else 1.0
 
 
-__all__ = ["Backend", "Compute", "active_share", "this_machine"]
+__all__ = ["BACKENDS", "Backend", "Compute", "active_share", "this_machine"]

@@ -11,7 +11,10 @@ that accepted the connection and never answered kept `mlx models pull` waiting f
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import socket
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -113,3 +116,30 @@ def hub_timeout(exc: httpx2.TimeoutException, endpoint: str, timeouts: HubTimeou
     if isinstance(exc, httpx2.ConnectTimeout):
         return HubTimeout(endpoint, timeouts.connect_s, "connect", target)
     return HubTimeout(endpoint, timeouts.read_s, "read", target)
+
+
+def transport_failure(exc: BaseException) -> str:
+    """Why a connection failed, in words, from the OS error httpx wraps (its own message is
+    often only the class name, `ConnectError`): the name that does not resolve, a refusal,
+    an unreachable network, a TLS failure."""
+    host = None
+    with contextlib.suppress(RuntimeError, AttributeError):  # raised without its request
+        host = exc.request.url.host  # type: ignore[attr-defined]
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, socket.gaierror):
+            name = f"the name {host!r}" if host else "the host name"
+            return f"{name} does not resolve (DNS: {cause.strerror or cause})"
+        if isinstance(cause, ConnectionRefusedError):
+            return "the connection was refused (nothing listens there)"
+        if isinstance(cause, ssl.SSLError):
+            return f"the TLS handshake failed ({cause.reason or cause})"
+        if isinstance(cause, OSError) and cause.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH):
+            return f"the network is unreachable ({cause.strerror})"
+        cause = cause.__cause__ or cause.__context__
+    text = str(exc).strip()
+    if "Name or service not known" in text or "nodename nor servname" in text:
+        return f"the name {host!r} does not resolve (DNS: {text})"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from mlxlaunch.units import format_bytes
+
 GIB = 1024**3
 
 # KV cache + activations for a ~64k-token session are roughly a fifth of the weights for the
@@ -56,7 +58,7 @@ class MemoryFit:
         return self.total <= 0 or self.needed <= self.usable
 
     def describe(self) -> str:
-        """One line for the user, e.g. 'needs ~5.4 GB of 12.0 GB usable (16.0 GB total): fits'."""
+        """One line, e.g. 'needs ~5.4 GiB of 12.0 GiB usable (16.0 GiB total): fits'."""
         if self.total <= 0:
             return f"needs ~{format_bytes(self.needed)} (this machine's memory is unknown)"
         verdict = "fits" if self.fits else "does NOT fit"
@@ -72,11 +74,12 @@ def memory_fit(weights_bytes: int, total_memory: int | None = None) -> MemoryFit
     return MemoryFit(needed=memory_needed(weights_bytes), usable=usable_memory(total), total=total)
 
 
-def format_bytes(n: int | float) -> str:
-    """Human-readable decimal size (the hub and Finder use powers of 1000)."""
-    value = float(n)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(value) < 1000 or unit == "TB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1000
-    raise AssertionError("unreachable")
+__all__ = [
+    "GIB",
+    "MemoryFit",
+    "format_bytes",
+    "memory_fit",
+    "memory_needed",
+    "system_memory_bytes",
+    "usable_memory",
+]

@@ -46,7 +46,7 @@ from mlxlaunch import __version__
 from mlxlaunch.errors import ModelLoadError, ModelNotFound, NetworkError
 from mlxlaunch.store.catalog import alias_for_repo, catalog_entry
 from mlxlaunch.store.facts import mlx_lm_model_module
-from mlxlaunch.store.hub_timeouts import HubTimeouts, hub_timeout
+from mlxlaunch.store.hub_timeouts import HubTimeouts, hub_timeout, transport_failure
 from mlxlaunch.store.memory import MemoryFit, memory_fit
 from mlxlaunch.store.paths import hub_cache_dir, hub_endpoint
 from mlxlaunch.store.progress import PullProgress, SilentProgress
@@ -155,7 +155,7 @@ def hub_errors(repo_id: str, endpoint: str, timeouts: HubTimeouts) -> Iterator[N
         raise hub_timeout(e, endpoint, timeouts) from e
     except httpx2.TransportError as e:
         raise NetworkError(
-            f"cannot reach the hub at {endpoint}: {type(e).__name__}",
+            f"cannot reach the hub at {endpoint}: {transport_failure(e)}",
             hint=offline_hint + "; run the same pull again to resume",
         ) from e
     except HfHubHTTPError as e:

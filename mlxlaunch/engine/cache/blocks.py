@@ -27,6 +27,9 @@ from mlx_lm.models.cache import BatchKVCache, KVCache
 from mlxlaunch.engine.runtime.mlx_lm_internals import batch_cache_holding
 
 DEFAULT_BLOCK_TOKENS = 256
+# The most of the budget pinned blocks may hold: past it the oldest pins lapse, so pins (any
+# client's stored conversations) cannot crowd out everything else.
+PIN_SHARE = 0.5
 
 LayerKV = tuple[mx.array, mx.array]  # (keys, values), each (1, heads, tokens, head_dim)
 
@@ -38,9 +41,10 @@ class _Node:
     parent: _Node | None
     nbytes: int = 0
     last_used: int = 0
-    priority: int = 0  # evicted after every lower-priority block, whatever their ages
-    # Until this time (time.monotonic) the block ranks above every unpinned one: a message
-    # thread's conversation, whose next turn must find it (server/threads.py).
+    priority: int = 0  # evicted after every lower-priority block, pinned or not
+    # Until this time (time.monotonic) the block ranks above every unpinned one of its
+    # priority: a conversation whose next turn continues it by id (server/threads.py). A pin
+    # never outranks a higher priority: no side conversation evicts the main session.
     pinned_until: float = 0.0
     children: dict[tuple[int, ...], _Node] = field(default_factory=dict)
 
@@ -93,6 +97,7 @@ class BlockTrie:
         self.nbytes = 0
         self.blocks = 0
         self.evictions = 0
+        self._pinned: set[_Node] = set()  # blocks whose pin may still run
 
     # --- lookups ------------------------------------------------------------------------
 
@@ -168,7 +173,9 @@ class BlockTrie:
 
         Blocks on the path take at least `priority`: the main conversation stores with a
         higher one than side requests, so titles and subagents are evicted before it.
-        `pinned_until`: a time before which the path outranks every unpinned block.
+        `pinned_until`: a time before which the path outranks every unpinned block of its
+        priority, while the pinned blocks fit PIN_SHARE of the budget (the oldest pins lapse
+        first).
         """
         n = min(len(tokens), *(c.offset for c in caches)) if caches else 0
         size = self.block_tokens
@@ -198,12 +205,29 @@ class BlockTrie:
                 added += len(block)
             child.last_used = self._tick
             child.priority = max(child.priority, priority)
-            child.pinned_until = max(child.pinned_until, pinned_until)
+            if pinned_until > child.pinned_until:
+                child.pinned_until = pinned_until
+                self._pinned.add(child)
             node, pos = child, pos + len(block)
         if fresh:
             mx.eval(fresh)  # copy now: the batch's buffers must not stay referenced
+        if pinned_until:
+            self._bound_pins()
         self.evict()
         return added
+
+    def _bound_pins(self) -> None:
+        """Let the oldest pins lapse until the pinned blocks fit PIN_SHARE of the budget."""
+        now = time.monotonic()
+        self._pinned = {node for node in self._pinned if node.pinned_until > now}
+        held = sum(node.nbytes for node in self._pinned)
+        budget = self.budget_bytes * PIN_SHARE
+        for node in sorted(self._pinned, key=lambda n: (n.pinned_until, n.last_used)):
+            if held <= budget:
+                break
+            node.pinned_until = 0.0
+            self._pinned.discard(node)
+            held -= node.nbytes
 
     def _drop_covered_tails(self, parent: _Node, block: tuple[int, ...]) -> None:
         for key, sibling in list(parent.children.items()):
@@ -215,7 +239,8 @@ class BlockTrie:
     def evict(self, budget_bytes: int | None = None) -> None:
         """Drop least-recently-used leaves until the trie fits `budget_bytes` (default: its own).
 
-        Order: lower priority first, then least recently used. A node is used (and raised)
+        Order: lower priority first, then unpinned before pinned, then least recently used
+        (so a pin orders blocks within a priority, never above it). A node is used (and raised)
         whenever a descendant is, so a parent never goes before its children: evicting leaves
         in that order (a parent joins once it becomes a leaf) drops whole cold branches before
         any block of a warm one.
@@ -225,8 +250,8 @@ class BlockTrie:
             return
         now = time.monotonic()
 
-        def rank(node: _Node) -> tuple[bool, int, int, int, _Node]:
-            return (node.pinned_until > now, node.priority, node.last_used, id(node), node)
+        def rank(node: _Node) -> tuple[int, bool, int, int, _Node]:
+            return (node.priority, node.pinned_until > now, node.last_used, id(node), node)
 
         heap = [rank(leaf) for leaf in self._leaves()]
         heapq.heapify(heap)
@@ -243,6 +268,7 @@ class BlockTrie:
         self._root = _Node((), [], None)
         self.nbytes = 0
         self.blocks = 0
+        self._pinned.clear()
 
     def _leaves(self) -> list[_Node]:
         found, stack = [], list(self._root.children.values())
@@ -260,6 +286,7 @@ class BlockTrie:
             del parent.children[node.tokens]
             self.nbytes -= node.nbytes
             self.blocks -= 1
+            self._pinned.discard(node)
 
 
 def _joined(pieces: list[mx.array], room: int) -> mx.array:

@@ -178,8 +178,9 @@ class PrefixCache:
 
         `main`: the request belongs to the main conversation, whose prefix side requests
         (titles, subagents, background calls) must not evict. `pin_s`: for this long the
-        prefix outranks everything unpinned (a message thread's next turn continues it; the
-        snapshot store of untrimmable models keeps its own order).
+        prefix outranks everything unpinned of its priority — never the main conversation —
+        within the trie's pin budget (blocks.PIN_SHARE; a conversation continued by id, whose
+        next turn needs it; the snapshot store of untrimmable models keeps its own order).
         """
         if not self.enabled or not tokens or not caches:
             return

@@ -9,7 +9,10 @@ backstop for what no simple count predicts.
 
 Measured with llguidance 1.9 on a Qwen3 vocabulary (busy 2-core box): `x{10000}` costs ~20 ms
 for the first mask and ~4 ms per later one; `(x{300}){300}` (90,000 positions) ~150 ms, then
-~40 ms per token — too slow for a shared batch. Hence `MAX_PATTERN_REPEAT`.
+~40 ms per token — too slow for a shared batch. Hence `MAX_PATTERN_REPEAT`. A short pattern can
+also need exponentially many lexer states (`.*a.{100}`: admitted, then a 500 on the worker,
+"too many states", once sampling explored them); `pattern_states.py` estimates them, hence
+`MAX_PATTERN_STATES`.
 """
 
 from __future__ import annotations
@@ -18,6 +21,12 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from mlxlaunch.engine.decoding.pattern_states import (
+    PatternTooNested,
+    class_end,
+    escape_end,
+    pattern_states,
+)
 from mlxlaunch.engine.types import InvalidRequest
 
 # All the schemas one grammar is built from, as JSON text (estimated while walking). Claude
@@ -28,6 +37,9 @@ MAX_ENUM_VALUES = 10_000  # per enum (an enum of 10,000 short values compiles in
 # Positions a pattern expands to: each atom counts one, times the bounds of the counted
 # repetitions around it (`a{3}` is 3, `(ab){2}c` is 5, `(x{1000}){1000}` is 1,000,000).
 MAX_PATTERN_REPEAT = 10_000
+# Lexer states the patterns of one grammar may need at worst, all together (pattern_states.py):
+# a tenth of llguidance's own bound (grammar.py: `max_lexer_states`), the rest is the JSON's.
+MAX_PATTERN_STATES = 10_000
 
 _COUNTED = re.compile(r"\{(\d+)(?:(,)(\d*))?\}")
 _HUGE = 10**15  # sizes saturate here: the estimate must never cost more than the pattern
@@ -67,6 +79,7 @@ class _Budget:
     def __init__(self) -> None:
         self.bytes = 0
         self.nodes = 0
+        self.states = 0  # the patterns' lexer states at worst (pattern_states.py)
 
     def walk(self, where: str, schema: Any) -> None:
         stack: list[tuple[_Path, Any]] = [((None, where), schema)]
@@ -81,10 +94,10 @@ class _Budget:
                     if key_text == "enum" and isinstance(value, list):
                         _check_enum(child, value)
                     elif key_text == "pattern" and isinstance(value, str):
-                        _check_pattern(child, value)
+                        self._pattern(child, value)
                     elif key_text == "patternProperties" and isinstance(value, dict):
                         for regex in value:
-                            _check_pattern((child, f"[{regex!r}]"), str(regex))
+                            self._pattern((child, f"[{str(regex)[:80]!r}]"), str(regex))
                     stack.append((child, value))
             elif isinstance(node, list):
                 stack.extend(((path, f"[{i}]"), item) for i, item in enumerate(node))
@@ -101,6 +114,20 @@ class _Budget:
             raise InvalidRequest(
                 f"{_text(path)}: schema too large to constrain output: more than "
                 f"{MAX_SCHEMA_BYTES >> 10} KiB in all"
+            )
+
+    def _pattern(self, where: _Path, pattern: str) -> None:
+        _check_pattern(where, pattern)
+        try:
+            self.states += pattern_states(pattern)
+        except PatternTooNested as exc:
+            raise InvalidRequest(f"{_text(where)}: pattern too complex: {exc}") from exc
+        if self.states > MAX_PATTERN_STATES:
+            raise InvalidRequest(
+                f"{_text(where)}: pattern too complex to constrain output: matching it may need "
+                f"more than {MAX_PATTERN_STATES} lexer states (an unbounded repetition such as "
+                "`.*` before a long counted part that overlaps it, as in `.*a.{100}`); anchor "
+                "it with ^, or use a shorter counted part"
             )
 
 
@@ -135,11 +162,11 @@ def pattern_size(pattern: str) -> int:
         char = pattern[i]
         frame = frames[-1]
         if char == "\\":
-            i = _escape_end(pattern, i)
+            i = escape_end(pattern, i)
             _atom(frame, 1)
             continue
         if char == "[":
-            i = _class_end(pattern, i)
+            i = class_end(pattern, i)
             _atom(frame, 1)
             continue
         if char == "(":
@@ -173,29 +200,3 @@ def _atom(frame: list[int], size: int) -> None:
 def _bound(digits: str) -> int:
     # Python refuses int() of more than 4,300 digits; anything past 15 is "huge" anyway.
     return _HUGE if len(digits) > 15 else max(1, int(digits))
-
-
-def _escape_end(pattern: str, i: int) -> int:
-    """The index past the escape at `i` (`\\x`, or `\\p{..}`/`\\x{..}`/`\\u{..}`)."""
-    end = i + 2
-    if pattern[i + 1 : i + 2] in ("p", "P", "x", "u") and pattern[end : end + 1] == "{":
-        close = pattern.find("}", end)
-        return close + 1 if close >= 0 else len(pattern)
-    return min(end, len(pattern))
-
-
-def _class_end(pattern: str, i: int) -> int:
-    """The index past the character class opened at `i` (a `]` first in it is a member)."""
-    j = i + 1
-    if pattern[j : j + 1] == "^":
-        j += 1
-    if pattern[j : j + 1] == "]":
-        j += 1
-    while j < len(pattern):
-        if pattern[j] == "\\":
-            j += 2
-            continue
-        if pattern[j] == "]":
-            return j + 1
-        j += 1
-    return len(pattern)

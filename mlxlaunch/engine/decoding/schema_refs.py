@@ -117,7 +117,7 @@ def _pointer(root: dict[str, Any], ref: str) -> Any:
         key = part.replace("~1", "/").replace("~0", "~")
         if isinstance(node, dict) and key in node:
             node = node[key]
-        elif isinstance(node, list) and key.isdigit() and int(key) < len(node):
+        elif isinstance(node, list) and _index(key) < len(node):
             node = node[int(key)]
         else:
             raise InvalidRequest(f"cannot resolve $ref {ref!r}: it points nowhere")
@@ -235,3 +235,11 @@ def merge_all_of(schema: dict[str, Any]) -> dict[str, Any]:
             else:
                 merged.setdefault(key, value)
     return merged
+
+
+def _index(key: str) -> int:
+    """A JSON-pointer step as an array index, or a number past any array when it is none:
+    ASCII digits only (`isdigit` takes "²", which int() refuses), and few enough for int()."""
+    if key.isascii() and key.isdigit() and len(key) <= 18:
+        return int(key)
+    return 1 << 63

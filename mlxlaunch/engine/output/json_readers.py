@@ -202,7 +202,7 @@ def json_value_calls(text: str) -> list[ParsedCall] | None:
             return calls or None
         try:
             value, position = decoder.raw_decode(text, position)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, an integer past int(), too deep
             return None
         for item in value if isinstance(value, list) else [value]:
             call = _json_call(item)

@@ -16,12 +16,19 @@ point and the next, because `{` and `[` are safe points themselves.
 
 The first character other than whitespace must be `{` (leading whitespace is not forwarded);
 any character the grammar cannot accept marks the stream `broken` and is held with all that
-follows it (`rest`).
+follows it (`rest`). So does what would make the object one a JSON reader cannot hold: a
+container nested past `MAX_DEPTH`, or a digit that makes an integer longer than Python's
+int-string limit (4,300 digits; jiter, the Anthropic SDK's reader, has the same) or a number
+past the largest float (`1e400`). What was forwarded before it still reads back (every digit
+of a number is a safe point), so the call ends as JSON that the server, the client and the
+next request's own limits all hold, instead of failing one of their parses.
 """
 
 from __future__ import annotations
 
+import math
 import re
+import sys
 
 # Scanner states (small ints: this loop runs once per character of every argument).
 _START = 0  # before the top-level `{`
@@ -51,6 +58,14 @@ _LITERALS = {"t": "rue", "f": "alse", "n": "ull"}
 # String characters that need no attention: anything but the quote, the backslash and the
 # control characters JSON forbids unescaped.
 _PLAIN_RUN = re.compile(r'[^"\\\x00-\x1f]+')
+# A float is checked against overflow from its integer and fraction digits; this many fraction
+# digits decide it (a float has at most 767 significant ones) and more are not kept.
+_KEPT_FRACTION_DIGITS = 800
+_EXPONENT_CAP = 1_000_000
+# Arguments nested deeper are refused: jiter refuses past 200 levels, and a call the model
+# wrote must fit the next request's own bound when the client sends it back (a Messages body
+# nests at most 64 deep, protocol/limits.py, with a tool_use `input` at level 6).
+MAX_DEPTH = 48  # any exponent past this overflows (or underflows) whatever precedes
 
 
 class JsonObjectStream:
@@ -75,6 +90,13 @@ class JsonObjectStream:
         self._repair_quote = False  # the last safe point was inside a value string
         self._rest: list[str] = []
         self.started = False  # the top-level `{` came (and was forwarded)
+        # The open number, to refuse one no reader holds (see the module docstring).
+        self._max_int_digits = sys.get_int_max_str_digits() or None  # 0: no limit
+        self._mantissa: list[str] = []  # its sign, integer and (kept) fraction digits
+        self._int_digits = 0
+        self._fraction_digits = 0
+        self._exponent = 0
+        self._exponent_negative = False
 
     @property
     def done(self) -> bool:
@@ -211,18 +233,18 @@ class JsonObjectStream:
     def _value_start(self, c: str) -> bool:
         if c == '"':
             self._open_string(key=False)
-        elif c == "{":
-            self._closers.append("}")
-            self._state = _OBJECT_OPEN
-        elif c == "[":
-            self._closers.append("]")
-            self._state = _ARRAY_OPEN
-        elif c == "-":
-            self._state, self._number = _NUMBER, _N_MINUS
-        elif c == "0":
-            self._state, self._number = _NUMBER, _N_ZERO
-        elif c in _DIGITS:
-            self._state, self._number = _NUMBER, _N_INT
+        elif c in "{[":
+            if len(self._closers) >= MAX_DEPTH:
+                return False
+            self._closers.append("}" if c == "{" else "]")
+            self._state = _OBJECT_OPEN if c == "{" else _ARRAY_OPEN
+        elif c == "-" or c in _DIGITS:
+            self._state = _NUMBER
+            self._number = _N_MINUS if c == "-" else _N_ZERO if c == "0" else _N_INT
+            self._mantissa = [c]
+            self._int_digits = int(c != "-")
+            self._fraction_digits = self._exponent = 0
+            self._exponent_negative = False
         elif c in _LITERALS:
             self._state, self._literal = _LITERAL, _LITERALS[c]
         else:
@@ -278,24 +300,57 @@ class JsonObjectStream:
         return True
 
     def _number_char(self, c: str) -> bool:
-        """Advance the number by `c`; False when `c` is not part of it."""
+        """Advance the number by `c`; False when `c` is not part of it (or would make it a
+        number no reader holds: then it is rejected as what follows the number)."""
         number = self._number
         if c in _DIGITS:
             if number == _N_ZERO:
                 return False  # leading zeros are not JSON; `c` will be rejected after it
             if number in (_N_MINUS, _N_INT):
+                if self._max_int_digits is not None and self._int_digits >= self._max_int_digits:
+                    return False  # no int() past Python's limit (nor jiter's)
                 self._number = _N_ZERO if number == _N_MINUS and c == "0" else _N_INT
+                self._int_digits += 1
+                self._mantissa.append(c)
             elif number in (_N_DOT, _N_FRAC):
                 self._number = _N_FRAC
+                if self._fraction_digits < _KEPT_FRACTION_DIGITS:
+                    self._fraction_digits += 1
+                    self._mantissa.append(c)
             else:
                 self._number = _N_EXP
+                exponent = min(_EXPONENT_CAP, self._exponent * 10 + int(c))
+                grows = exponent != self._exponent and not self._exponent_negative
+                if grows and self._overflows(exponent):
+                    return False
+                self._exponent = exponent
             return True
         if c == "." and number in (_N_ZERO, _N_INT):
+            if self._overflows(0):
+                return False
             self._number = _N_DOT
+            self._mantissa.append(c)
         elif c in "eE" and number in (_N_ZERO, _N_INT, _N_FRAC):
+            if self._overflows(0):
+                return False
             self._number = _N_E
         elif c in "+-" and number == _N_E:
             self._number = _N_E_SIGN
+            self._exponent_negative = c == "-"
         else:
             return False
         return True
+
+    def _overflows(self, exponent: int) -> bool:
+        """Whether the number so far, read as a float with `exponent`, is past the largest
+        float (Python reads it as inf, which no JSON writer writes back)."""
+        mantissa = "".join(self._mantissa).rstrip(".")
+        return math.isinf(float(f"{mantissa}e{exponent}"))
+
+
+def holds(text: str) -> bool:
+    """Whether `text` is one JSON object that this scanner accepts whole: the arguments every
+    reader holds (see the module docstring); for calls that are read whole, not streamed."""
+    stream = JsonObjectStream()
+    stream.feed(text)
+    return stream.done and not stream.rest.strip()

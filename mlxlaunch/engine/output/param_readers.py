@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from enum import Enum, auto
 from typing import Any
 
+from mlxlaunch.engine.output.json_stream import holds
 from mlxlaunch.engine.output.spans import (
     CallArgs,
     CallBegin,
@@ -522,7 +523,7 @@ def _number(text: str, *, integer: bool) -> Any:
 def _json(text: str, otherwise: Any) -> Any:
     try:
         return json.loads(text, strict=False)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, an integer past int(), too deep
         return otherwise
 
 
@@ -559,11 +560,13 @@ def _dumps(value: Any) -> str:
 
 def _value_json(value: Any, text: str) -> str:
     """JSON text of a converted value; the written text when the value has no JSON form (a
-    Python literal such as a set or bytes)."""
+    Python literal such as a set or bytes) or one some reader cannot hold (too deep, a huge
+    integer from a Python literal: `json_stream.holds`)."""
     try:
-        return _dumps(value)
+        dumped = _dumps(value)
     except (TypeError, ValueError, RecursionError):
         return _dumps(text)
+    return dumped if holds(f'{{"v": {dumped}}}') else _dumps(text)
 
 
 # --- bodies that are JSON (GLM, LongCat) ----------------------------------------------------

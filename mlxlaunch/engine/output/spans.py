@@ -27,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from mlxlaunch.engine.output.json_stream import holds
+
 
 @dataclass(frozen=True)
 class CallBegin:
@@ -111,15 +113,14 @@ class BufferedReader:
 
 def arguments_text(arguments: Any) -> str | None:
     """JSON text of a parsed arguments value when it is an object (a JSON string holding an
-    object counts), else None. NaN and Infinity are refused: they are not JSON."""
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            return None
-    if not isinstance(arguments, dict):
-        return None
+    object counts) that every reader holds (`json_stream.holds`: the streamed calls' rule),
+    else None. NaN and Infinity are refused: they are not JSON."""
     try:
-        return json.dumps(arguments, ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError):
+        if isinstance(arguments, str):
+            arguments = json.loads(arguments)
+        if not isinstance(arguments, dict):
+            return None
+        text = json.dumps(arguments, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):  # model output: a huge int, deep nesting
         return None
+    return text if holds(text) else None

@@ -159,6 +159,8 @@ class PromptRenderer:
         behaviour = self.behaviour
         messages = self._messages(request, behaviour)
         shaped = [message_to_template(m, behaviour.reasoning_field) for m in messages]
+        if not behaviour.tools_accepted:  # they are in the system prompt (`_messages`)
+            return shaped, None
         return shaped, [tool_to_template(t) for t in request.tools] or None
 
     def _template(
@@ -172,7 +174,7 @@ class PromptRenderer:
         return str(
             self.tokenizer.apply_chat_template(
                 messages,
-                tools=tools,
+                tools=self._tool_list(tools),
                 add_generation_prompt=generation,
                 enable_thinking=thinking,
                 tokenize=False,
@@ -183,9 +185,19 @@ class PromptRenderer:
     def _call(self, messages: list[dict[str, Any]], arguments: dict[str, Any]) -> str:
         return str(
             self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=False, **arguments
+                messages,
+                tools=self._tool_list(None),
+                add_generation_prompt=True,
+                tokenize=False,
+                **arguments,
             )
         )
+
+    def _tool_list(self, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        """`tools` as the template takes them: a template that fails without a list gets an
+        empty one (the behaviour's `empty_tools`)."""
+        needs_list = self._behaviour is not None and self._behaviour.empty_tools
+        return [] if tools is None and needs_list else tools
 
     def _messages(
         self, request: GenerationRequest, behaviour: TemplateBehaviour

@@ -81,6 +81,11 @@ class TemplateBehaviour:
         tools_rendered: the template shows the tool definitions it is given.
         call_example: how the template writes `EXAMPLE_CALL` in an assistant turn (None: not
             probed, or it cannot); for tool sections of templates that ignore tools.
+        empty_tools: the template fails without a tool list (it iterates `tools`, takes its
+            length): a request without tools gives it an empty list.
+        tools_accepted: False when the template fails whenever it is given tools (written
+            for a model without tool use): it gets none, and the tool definitions go into the
+            system prompt as for a template that ignores them.
     """
 
     calls_rendered: bool = True
@@ -96,6 +101,8 @@ class TemplateBehaviour:
     text_after_results: TextAfterResults = "as_is"
     tools_rendered: bool = True
     call_example: str | None = None
+    empty_tools: bool = False
+    tools_accepted: bool = True
 
 
 # The template's behaviour when nothing is known: render everything as it comes.
@@ -105,13 +112,19 @@ FAITHFUL = TemplateBehaviour()
 def probe_template(render: Render, id_style: IdStyle = "any") -> TemplateBehaviour:
     """Probe the template behind `render` once. `id_style` is the dialect's ("any": none
     asked for)."""
+    empty_tools = needs_tool_list(render)
+    if empty_tools:  # every probe below renders as the prompts will: with a list
+        render = partial(_with_tool_list, render)
     prober = _Prober(render)
+    prober.tools_accepted = prober.accepts_tools()
     ids, ids_rendered, calls_rendered = prober.id_form(id_style)
     prober.id_style = ids
     field, shown = prober.find_reasoning_field()
     prober.reasoning_field = field
-    tools_rendered = prober.renders_tools()
+    tools_rendered = prober.tools_accepted and prober.renders_tools()
     turns = TemplateBehaviour(
+        empty_tools=empty_tools,
+        tools_accepted=prober.tools_accepted,
         calls_rendered=calls_rendered,
         reasoning_field=field,
         reasoning_shown=shown,
@@ -132,6 +145,28 @@ def probe_template(render: Render, id_style: IdStyle = "any") -> TemplateBehavio
         text_after_results=prober.text_after_results(),
         call_example=None if tools_rendered else prober.call_example(),
     )
+
+
+def needs_tool_list(render: Render) -> bool:
+    """Whether the template fails on a conversation without tools (tools=None) and renders
+    it given an empty list."""
+    opening = [message_to_template(m, "reasoning_content") for m in _Prober.opening()]
+    try:
+        render(opening, None, True)
+        return False
+    except Exception:  # a template that refuses the shape: any exception it raises
+        pass
+    try:
+        render(opening, [], True)
+        return True
+    except Exception:
+        return False
+
+
+def _with_tool_list(
+    render: Render, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, gen: bool
+) -> str:
+    return render(messages, [] if tools is None else tools, gen)
 
 
 def in_order(text: str, marks: Sequence[str]) -> bool:
@@ -161,6 +196,7 @@ class _Prober:
         self._render = render
         self.id_style: IdStyle = "any"
         self.reasoning_field: ReasoningField = "reasoning_content"
+        self.tools_accepted = True  # False: probes offer no tools (the template fails then)
 
     # --- rendering --------------------------------------------------------------------------
 
@@ -174,7 +210,7 @@ class _Prober:
     ) -> str | None:
         """The rendered text, or None when the template raises."""
         shaped = [message_to_template(m, field or self.reasoning_field) for m in messages]
-        offered = [tool_to_template(PROBE_TOOL)] if tools else None
+        offered = [tool_to_template(PROBE_TOOL)] if tools and self.tools_accepted else None
         try:
             return str(self._render(shaped, offered, generation_prompt))
         except Exception:  # a template that refuses the shape: any exception it raises
@@ -253,6 +289,11 @@ class _Prober:
                     continue
                 return field, True
         return "reasoning_content", False
+
+    def accepts_tools(self) -> bool:
+        """False when the opening renders without tools and fails with them."""
+        opening = self.opening()
+        return self.text(opening) is not None or self.text(opening, tools=False) is None
 
     def renders_tools(self) -> bool:
         """Whether tool definitions given to the template show up (its description does)."""

@@ -9,11 +9,18 @@ far), the text before it is the call's start marker, the text after it (minus th
 learned the same way from a plain answer) its end marker, and the output parser reads spans
 between them as JSON calls. Nothing is guessed from names: a template whose probe call is not
 such a JSON value learns nothing, and its markup stays text.
+
+Think markers are learned the same way (`learn_think_markers`): an assistant turn with probe
+reasoning, rendered, shows the tags the template puts around it — `<seed:think>` …
+`</seed:think>`, a fine-tune's `<reasoning>` — when they are a tag and its closing form (`<x>`
+and `</x>`, `[X]` and `[/X]`) right around the reasoning, and the output parser then reads
+what the model writes between them as thinking, never as text.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +29,11 @@ PROBE_NAME = "mlxlaunch_probe_tool"
 PROBE_VALUE = "mlxlaunch-probe-value"
 PROBE_ARGUMENTS = {"probe_argument": PROBE_VALUE}
 PLAIN_ANSWER = "mlxlaunch-probe-answer"
+PROBE_REASONING = "mlxlaunch-probe-reasoning"
+# The fields chat templates read an assistant turn's reasoning from.
+REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
+_OPEN_TAG = re.compile(r"(<[^<>/\s][^<>\s]{0,63}>|\[[^\[\]/\s][^\[\]\s]{0,63}\])$")
+_CLOSE_TAG = re.compile(r"^(</[^<>\s]{1,64}>|\[/[^\[\]\s]{1,64}\])")
 
 # (messages, tools, add_generation_prompt) -> prompt text.
 Render = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None, bool], str]
@@ -128,3 +140,37 @@ def _is_probe_call(value: Any) -> bool:
         except ValueError:
             return False
     return bool(value.get("name") == PROBE_NAME and arguments == PROBE_ARGUMENTS)
+
+
+def learn_think_markers(render: Render) -> tuple[str, str] | None:
+    """The (start, end) tags `render`'s template writes around an assistant's reasoning, or
+    None when it writes none (or no reasoning at all)."""
+    for field in REASONING_FIELDS:
+        turn = {"role": "assistant", "content": PLAIN_ANSWER, field: PROBE_REASONING}
+        text = _rendered(render, [{"role": "user", "content": "hi"}, turn])
+        if text is None:
+            continue
+        at = text.find(PROBE_REASONING)
+        if at < 0 or text.find(PLAIN_ANSWER, at) < 0:
+            continue
+        opening = _OPEN_TAG.search(text[:at].rstrip())
+        closing = _CLOSE_TAG.match(text[at + len(PROBE_REASONING) :].lstrip())
+        if opening is None or closing is None:
+            return None
+        start, end = opening.group(1), closing.group(1)
+        if end == start[0] + "/" + start[1:]:
+            return start, end
+        return None
+    return None
+
+
+def _rendered(render: Render, messages: list[dict[str, Any]]) -> str | None:
+    """The messages rendered without tools (as None, else as an empty list, for a template
+    that iterates them), or None when the template refuses both."""
+    no_tools: tuple[list[dict[str, Any]] | None, ...] = (None, [])
+    for tools in no_tools:
+        try:
+            return render(messages, tools, False)
+        except Exception:  # a template that refuses the probe shows nothing to learn from
+            continue
+    return None

@@ -21,7 +21,7 @@ from mlx_lm import load as mlx_lm_load
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from mlxlaunch.engine.config import EngineConfig
-from mlxlaunch.engine.runtime.learned_syntax import learn_json_call_syntax
+from mlxlaunch.engine.runtime.learned_syntax import learn_json_call_syntax, learn_think_markers
 from mlxlaunch.engine.settings import context_window_of
 from mlxlaunch.engine.types import ModelInfo
 from mlxlaunch.errors import ModelLoadError, ModelNotFound
@@ -62,16 +62,22 @@ def _mlx_lm_format(tokenizer: TokenizerWrapper) -> str | None:
     return str(module.__name__.rsplit(".", 1)[-1])
 
 
-def _learned_dialect(tokenizer: TokenizerWrapper, known: Dialect | None) -> Dialect | None:
-    """A JSON call syntax learned from the template, for markup no table knows (keeping any
-    think markers the table found); None when the template shows none."""
-
+def _template_render(
+    tokenizer: TokenizerWrapper,
+) -> Callable[[list[dict[str, Any]], Any, bool], str]:
     def render(messages: list[dict[str, Any]], tools: Any, generation: bool) -> str:
         text = tokenizer.apply_chat_template(
             messages, tools=tools, add_generation_prompt=generation, tokenize=False
         )
         return str(text)
 
+    return render
+
+
+def _learned_dialect(tokenizer: TokenizerWrapper, known: Dialect | None) -> Dialect | None:
+    """A JSON call syntax learned from the template, for markup no table knows (keeping any
+    think markers the table found); None when the template shows none."""
+    render = _template_render(tokenizer)
     if "tool_calls" not in str(tokenizer.chat_template or ""):
         return None
     learned = learn_json_call_syntax(render)
@@ -179,6 +185,13 @@ def load_model(config: EngineConfig) -> LoadedModel:
     think_start, think_end = tokenizer.think_start, tokenizer.think_end
     if think_start is None and dialect is not None and dialect.think_start:
         think_start, think_end = dialect.think_start, dialect.think_end
+    if think_start is None and not (dialect is not None and dialect.channels):
+        learned = learn_think_markers(_template_render(tokenizer))
+        if learned is not None:  # markers no table knows: the renderer reads them too
+            think_start, think_end = learned
+            dialect = dataclasses.replace(
+                dialect or Dialect("none"), think_start=think_start, think_end=think_end
+            )
     info = ModelInfo(
         id=config.model,
         path=str(_local_path(config.model)),

@@ -1,0 +1,62 @@
+"""A tool call's arguments, read the one way all three APIs read them.
+
+Two sources, two answers. `model_arguments`: what the model wrote (the engine promises JSON
+text of an object every reader holds, engine/output/json_stream.py); anything else becomes
+None, for the caller's fallback, never an exception. `history_arguments`: what a client sends
+back as JSON text (Chat Completions' and Responses' `arguments`), read under the same limits
+as a request body (protocol/limits.py: nesting, integers past Python's int-string limit), so
+a bad one is a 400 naming the field, as the same call inside a Messages body already is.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from mlxlaunch.engine.types import InvalidRequest
+from mlxlaunch.protocol.limits import RequestLimitError, load_request_json
+
+
+def _finite(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):  # `1e400`: Python's inf, which no JSON writer writes back
+        raise ValueError(f"number out of range: {text[:40]}")
+    return number
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def model_arguments(text: str) -> dict[str, Any] | None:
+    """The arguments object of a call the model wrote, or None when `text` is not one the
+    answer can carry: not JSON, not an object, too deep, or holding a number Python cannot
+    hold or write back (an integer over the int-string limit, a float past the largest)."""
+    if not text.strip():
+        return {}
+    try:
+        parsed = json.loads(text, parse_float=_finite, parse_constant=_no_constant)
+    except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def history_arguments(text: str, field: str) -> dict[str, Any]:
+    """The arguments object a client sent back as JSON text at `field` (empty text: none).
+
+    Raises:
+        InvalidRequest: not JSON, not an object, or past a request limit; the message names
+            `field`.
+    """
+    if not text.strip():
+        return {}
+    try:
+        value = load_request_json(text.encode("utf-8", "surrogatepass"))
+    except RequestLimitError as exc:
+        raise InvalidRequest(f"{field}: {exc}".replace("request body", "arguments")) from exc
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"{field}: not valid JSON ({exc})") from exc
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"{field}: must be a JSON object")
+    return value
