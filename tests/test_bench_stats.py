@@ -13,6 +13,7 @@ from mlxlaunch.bench.stats import (
     intervals,
     percentile,
     speedup,
+    spread,
     summarize,
     throughput,
 )
@@ -54,6 +55,12 @@ def test_summarize_and_rates():
     assert decode_rate([1.0], 1) is None
     assert throughput(10, 2.0) == 5.0
     assert throughput(0, 2.0) is None
+
+
+def test_spread_is_min_median_max_of_the_figures_present():
+    assert spread([3.0, None, 1.0, 2.0]) == {"min": 1.0, "median": 2.0, "max": 3.0}
+    assert spread([4.0, 1.0]) == {"min": 1.0, "median": 2.5, "max": 4.0}
+    assert spread([None]) == {} and spread([]) == {}
 
 
 def test_speedup_direction():

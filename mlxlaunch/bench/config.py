@@ -19,6 +19,8 @@ class BenchConfig:
         decode_tokens: tokens per single-stream decode run.
         decode_runs: single-stream decode runs per server.
         concurrency: numbers of simultaneous streams.
+        concurrency_rounds: times each concurrency level runs on each server, the server that
+            goes first alternating, so one stalled round shows instead of averaging away.
         concurrency_tokens: tokens each concurrent stream generates.
         concurrency_prompt_tokens: prompt size of each concurrent stream (about; every stream
             has a prompt of its own, so nothing is shared between them).
@@ -43,6 +45,7 @@ class BenchConfig:
     concurrency: tuple[int, ...] = (1, 2, 4, 8)
     concurrency_tokens: int = 48
     concurrency_prompt_tokens: int = 2_000
+    concurrency_rounds: int = 3
     restart: bool = True
     restart_wait_s: float = 3.0
     tool_loop: bool = True
@@ -68,11 +71,14 @@ class BenchConfig:
             concurrency=(1, 2, 4, 8),
             concurrency_tokens=12,
             concurrency_prompt_tokens=500,
+            # Short rounds: three of them cost a few seconds and show a stall as a full run does.
+            concurrency_rounds=3,
         )
 
     def __post_init__(self) -> None:
-        if self.turns < 1 or self.decode_runs < 1 or self.warm_sessions < 1:
-            raise ValueError("turns, decode_runs and warm_sessions must be at least 1")
+        repeats = (self.turns, self.decode_runs, self.warm_sessions, self.concurrency_rounds)
+        if min(repeats) < 1:
+            raise ValueError("turns, decode_runs, warm_sessions and the rounds must be at least 1")
         if not self.concurrency or min(self.concurrency) < 1:
             raise ValueError("concurrency levels must be positive")
         counts = (self.turn_max_tokens, self.decode_tokens, self.concurrency_tokens)

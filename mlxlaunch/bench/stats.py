@@ -72,3 +72,12 @@ def speedup(ours: float | None, peer: float | None, *, higher_is_better: bool) -
     if ours is None or peer is None or ours <= 0 or peer <= 0:
         return None
     return ours / peer if higher_is_better else peer / ours
+
+
+def spread(values: Sequence[float | None]) -> dict[str, float]:
+    """min, median and max of the figures present in `values` (an empty dict for none): what
+    a workload repeated in rounds reports, so one bad round shows instead of averaging away."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return {}
+    return {"min": min(present), "median": percentile(present, 50), "max": max(present)}

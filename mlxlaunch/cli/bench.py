@@ -92,6 +92,9 @@ def bench(
     concurrency_tokens: Annotated[
         int | None, typer.Option(min=1, help="Tokens each concurrent stream generates.")
     ] = None,
+    rounds: Annotated[
+        int | None, typer.Option(min=1, help="Rounds of each concurrency level.")
+    ] = None,
     restart: Annotated[
         bool,
         typer.Option(
@@ -159,10 +162,11 @@ def bench(
 
     Every workload runs on this project's server and on mlx-lm's `mlx_lm.server` with the same
     model and prompts, alternating; the table shows both and their ratio, next to the
-    in-process limits (prefill floor, decode ceiling). Codex CLI's captured session follows on
-    the same servers over /v1/responses (a server without that API is reported as such). Last,
-    each server is restarted as a new process (ours on the same prefix-cache directory) and a
-    new session's first turn is timed.
+    in-process limits (prefill floor, decode ceiling). Each concurrency level runs --rounds
+    times, so a stalled round shows. Codex CLI's captured session follows on the same servers
+    over /v1/responses (a server without that API is reported as such). Then each server is
+    restarted as a new process (ours on the same prefix-cache directory) and a new session's
+    first turn is timed.
 
     Examples:
 
@@ -195,6 +199,7 @@ def bench(
         concurrency=_levels(concurrency) if concurrency else None,
         concurrency_prompt_tokens=concurrency_prompt_tokens,
         concurrency_tokens=concurrency_tokens,
+        concurrency_rounds=rounds,
         restart=restart,
         tool_loop=tool_loop,
         codex_session=codex_session,
