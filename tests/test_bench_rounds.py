@@ -173,4 +173,6 @@ def test_order_rotates_by_one_each_step() -> None:
 def test_rounds_must_be_positive() -> None:
     with pytest.raises(ValueError, match="rounds"):
         BenchConfig.create(concurrency_rounds=0)
+    with pytest.raises(ValueError, match="rounds"):
+        BenchConfig.create(speculative_rounds=0)
     assert BenchConfig.create(quick=True).concurrency_rounds == 3

@@ -1,5 +1,5 @@
 """`mlx bench --quick --model tiny` end to end: both real servers, every workload (concurrency
-in rounds), the JSON and the chart, the restart of both servers as new
+in rounds, speculative decoding), the JSON and the chart, the restart of both servers as new
 processes. Checks that the output is complete, never how fast anything was."""
 
 from __future__ import annotations
@@ -95,6 +95,16 @@ def test_quick_bench_prints_the_table_and_writes_a_complete_report(
         assert len({r["first"] for r in level["rounds"]}) == 2
     aggregates = [r for r in report["summary"] if r["metric"] == "aggregate tokens/s"]
     assert all(len(r["round_speedups"]) == 3 and "slow_rounds" in r for r in aggregates)
+
+    # Speculative decoding: auto beside off on both workloads, the peer's draft model on copy.
+    speculative = report["workloads"]["speculative"]
+    assert [w["workload"] for w in speculative["workloads"]] == ["copy", "no-copy"]
+    rows = {(r["workload"], r["streams"], r["server"]): r for r in speculative["summary"]}
+    for streams in config["speculative_streams"]:
+        assert rows[("copy", streams, "mlxlaunch --speculate auto")]["drafted_tokens"] > 0
+        assert rows[("copy", streams, "mlx_lm.server --draft-model")]["decode_tokens_per_s"]
+        assert rows[("no-copy", streams, "mlxlaunch --speculate off")]["tokens_per_step"] == 1
+    assert "speculative decoding" in done.stdout and "tokens/step" in done.stdout
 
     [table] = out.glob("*.md")
     text = table.read_text()
