@@ -39,7 +39,8 @@ def format_speedup(value: float | None) -> str:
 
 def ratio_cell(row: SummaryRow, ours: str, base: str, *, markup: bool = True) -> str:
     """The ratio of `ours` to `base` on `row`; for a row run in rounds, the range of the
-    per-round ratios and each round below SLOW_ROUND_RATIO, marked (plain text for Markdown)."""
+    per-round ratios and the rounds below SLOW_ROUND_RATIO, marked (their ratios are in
+    `slow_round_notes`); plain text for Markdown."""
     ratio = row.speedup(ours, base)
     if ratio is None:
         return "—" if markup else ""
@@ -49,8 +50,10 @@ def ratio_cell(row: SummaryRow, ours: str, base: str, *, markup: bool = True) ->
     if len(ratios) > 1 and low_high:
         span = f"({low_high['min']:.2f}–{low_high['max']:.2f})"
         text += f" [dim]{span}[/]" if markup else f" {span}"
-    for number, slow in row.slow_rounds(ours, base):
-        mark = f"round {number}: {slow:.2f}× < {SLOW_ROUND_RATIO}×"
+    slow = row.slow_rounds(ours, base)
+    if slow:
+        numbers = ", ".join(str(number) for number, _ in slow)
+        mark = f"round{'s' if len(slow) > 1 else ''} {numbers} < {SLOW_ROUND_RATIO}×"
         text += f" [bold red]{mark}[/]" if markup else f"; {mark}"
     return text
 
