@@ -10,7 +10,7 @@ function __mlx_node --argument-names path what
             test $what = valued; and printf '%s\n' 
         case 'bench'
             test $what = children; and printf '%s\n' 
-            test $what = valued; and printf '%s\n' --model -m --url --auth-token --turns --tool-result-chars --decode-tokens --runs --concurrency --concurrency-prompt-tokens --concurrency-tokens --max-concurrency --out --hosts --hostfile --backend --parallel --ranks
+            test $what = valued; and printf '%s\n' --model -m --url --auth-token --turns --tool-result-chars --decode-tokens --runs --concurrency --concurrency-prompt-tokens --concurrency-tokens --rounds --max-concurrency --out --hosts --hostfile --backend --parallel --ranks
         case 'completions'
             test $what = children; and printf '%s\n' 
             test $what = valued; and printf '%s\n' --write
@@ -128,6 +128,8 @@ complete -c mlx -n "__mlx_at 'bench'" -l runs -x -d 'Decode runs per server.'
 complete -c mlx -n "__mlx_at 'bench'" -l concurrency -x -d 'Simultaneous streams to try, e.g. 1,2,4,8.'
 complete -c mlx -n "__mlx_at 'bench'" -l concurrency-prompt-tokens -x -d 'Prompt tokens of each concurrent stream (about).'
 complete -c mlx -n "__mlx_at 'bench'" -l concurrency-tokens -x -d 'Tokens each concurrent stream generates.'
+complete -c mlx -n "__mlx_at 'bench'" -l rounds -x -d 'Rounds of each concurrency level and speculative workload.'
+complete -c mlx -n "__mlx_at 'bench'" -l speculative -l no-speculative -d 'Compare --speculate auto with off on a copy workload and a no-copy one'
 complete -c mlx -n "__mlx_at 'bench'" -l restart -l no-restart -d 'Restart each server as a new process and time a new sessions first tur'
 complete -c mlx -n "__mlx_at 'bench'" -l tool-loop -l no-tool-loop -d 'Time new prompts after tool loops, on a test model with Qwen3s real te'
 complete -c mlx -n "__mlx_at 'bench'" -l codex-session -l no-codex-session -d 'Replay Codex CLIs captured session over /v1/responses, beside Claude C'
