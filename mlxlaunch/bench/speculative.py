@@ -1,6 +1,7 @@
-"""The speculative-decoding workload: our server with `--speculate auto` beside `--speculate off`,
-in one run, on a workload whose replies copy their context and on one whose replies do not;
-mlx_lm.server with a draft model beside them on the copy workload, where it starts.
+"""The speculative-decoding workload: our server with `--speculate auto` (and with a draft model)
+beside `--speculate off`, in one run, on a workload whose replies copy their context and on one
+whose replies do not; mlx_lm.server with a draft model beside them on the copy workload, where
+it starts.
 
 - copy: the `copy` test model (hand-wired: its greedy output walks a fixed chain of words,
   testing/copying.py) gets a file of that chain's text, a word changed every ~20, and "Rewrite
@@ -21,8 +22,8 @@ so it loads while the other workloads run. It turns batching off with a draft mo
 streams run one after another. A server that does not start is reported with its reason, and
 the rest of the workload goes on.
 
-A draft model for our server (`--draft-model`, once the engine takes one) is one more entry of
-SETTINGS: `OursSetting("--draft-model", "draft", draft=True)`.
+Our server also runs the copy workload with `--draft-model copy-tiny` (the same draft model as
+the peer's), batching kept on.
 """
 
 from __future__ import annotations
@@ -93,7 +94,11 @@ class OursSetting:
 
 PLAIN = OursSetting("--speculate off", "off")
 # Every setting measured; each is compared with PLAIN, round by round.
-SETTINGS = (OursSetting("--speculate auto", "auto"), PLAIN)
+SETTINGS = (
+    OursSetting("--speculate auto", "auto"),
+    OursSetting("--draft-model", "draft", draft=True),
+    PLAIN,
+)
 BASE = PLAIN.name
 
 
