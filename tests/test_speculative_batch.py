@@ -410,7 +410,7 @@ def test_no_drafts_where_nothing_is_likely_accepted() -> None:
     for _ in range(10):
         good.observe(4, 4)
     assert width.choose([4, 4], [poor, poor]) == 0
-    assert width.choose([4], [good]) >= 3
+    assert width.choose([4], [good]) >= 2
     assert width.choose([0, 0], [good, good]) == 0  # nothing proposed
     for _ in range(40):  # a sequence given up on is tried again after a while
         poor.idle()

@@ -135,6 +135,9 @@ class Acceptance:
         return 1.0 + rate * (1.0 - rate**k) / (1.0 - rate)
 
 
+# The predicted gain in tokens per second a wider pass must show over the best narrower one:
+# step times on a shared machine are noisy, and a misjudged width costs more than it gains.
+MIN_GAIN = 1.08
 # Samples of step time kept per pass width (the median is used: one preempted step must not
 # decide the width for long).
 STEP_SAMPLES = 9
@@ -203,7 +206,7 @@ class DraftWidth:
                 for n, rate in zip(available, rates, strict=True)
             )
             gain = tokens / self.cost(k + 1)
-            if gain > best_gain * 1.02:  # a width must earn its keep clearly
+            if gain > best_gain * MIN_GAIN:  # a width must earn its keep clearly
                 best, best_gain = k, gain
         if best == 0:
             self._undrafted += 1
