@@ -439,3 +439,21 @@ def test_a_speculative_sequences_kept_kv_continues_as_a_fresh_prefill_would(mode
             out += [t for e in turn.step(16)[1] for t in e.tokens]
         outputs.append(out)
     assert outputs[0] == outputs[1]
+
+
+def test_a_lone_decoding_row_keeps_the_cpu_attentions_plain_masks(model: Any) -> None:
+    """A single unpadded row attends causally: its boolean mask becomes None (one query) or
+    "causal" (a verify pass), so the CPU attention and MLX's causal kernel take it, as they
+    take mlx-lm's own batch cache; rows that end apart keep their mask."""
+    from mlxlaunch.engine.runtime.cpu_attention import plain_mask
+
+    cache = fresh_cache(model)
+    model(mx.array([[1, 2, 3, 4, 5]]), cache=cache)
+    row = RowKVCache.of_sequences([cache[0]])
+    for n, plain in ((1, None), (3, "causal")):
+        queries = mx.zeros((1, 4, n, 8))
+        keys = mx.zeros((1, 2, 5 + n, 8))
+        assert plain_mask(queries, keys, row.make_mask(n), row) == plain
+    two = RowKVCache.of_sequences([cache[0], fresh_cache(model)[0]])
+    mask = two.make_mask(1)
+    assert plain_mask(mx.zeros((2, 4, 1, 8)), mx.zeros((2, 2, 6, 8)), mask, two) is mask
