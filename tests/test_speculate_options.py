@@ -31,3 +31,13 @@ def test_an_unknown_speculate_mode_is_a_usage_error() -> None:
     result = CliRunner().invoke(app, ["serve", "--model", "tiny", "--speculate", "often"])
     assert result.exit_code == 2
     assert "not one of" in result.output
+
+
+def test_the_cli_spells_the_engines_speculate_modes() -> None:
+    import typing
+
+    from mlxlaunch.cli.scheduler_options import SPECULATE_MODES
+    from mlxlaunch.engine.config import SPECULATE_MODES as ENGINE_MODES
+    from mlxlaunch.engine.config import SpeculateMode
+
+    assert set(typing.get_args(SpeculateMode)) == set(ENGINE_MODES) == set(SPECULATE_MODES)

@@ -176,8 +176,9 @@ def plain_mask(queries: mx.array, keys: Any, mask: Any, cache: Any) -> Any:
 
     mlx-lm's `BatchKVCache` (and the decoding rows' `RowKVCache`) always builds a boolean
     mask. For a lone sequence without padding it is plain causal attention: its models build
-    windowed masks only against rotating caches (`BatchRotatingKVCache`, left alone here). Decided from the cache, not by reading
-    the mask: an evaluation per layer would stall every decode step (measured ~30% slower).
+    windowed masks only against rotating caches (`BatchRotatingKVCache`, left alone here).
+    Decided from the cache, not by reading the mask: an evaluation per layer would stall
+    every decode step (measured ~30% slower).
     """
     if not isinstance(mask, mx.array):
         return mask
