@@ -269,6 +269,7 @@ def exact_distribution(model: Any, prompt: list[int], length: int) -> dict[tuple
     return out
 
 
+@pytest.mark.slow  # 2,400 sampled generations: ~15 s
 def test_sampled_speculation_keeps_the_models_distribution() -> None:
     """A small vocabulary, sampling at temperature 1: the joint distribution of the first
     three tokens, from many speculative generations, against the exact one (chi-square)."""
