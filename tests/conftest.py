@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from model_backed import model_backed
+from hypothesis_profiles import load_profile
+from tiers import tier_problem
 
 from mlxlaunch.blas import use_optimised_blas
 
@@ -21,6 +22,9 @@ pytest_plugins = ["hub_fixtures"]
 # First, before any test imports mlx: libmlx binds its matmul to the first BLAS loaded, so the
 # suite runs on an installed OpenBLAS like `mlx` does, and on the reference BLAS without one.
 BLAS = use_optimised_blas()
+
+# Before the test modules are imported: their `examples()` counts read the loaded profile.
+HYPOTHESIS_PROFILE = load_profile()
 
 # A suite started in the background by a non-interactive shell (`cmd &`, nohup) inherits SIGINT
 # ignored, and so would every `mlx serve` a test starts, deaf to the Ctrl-C the test sends.
@@ -31,14 +35,18 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Model-backed tests carry the `slow` marker, so `pytest -m "not slow"` stays quick; one
-    without it fails here, before its fixtures build anything (see tests/model_backed.py)."""
-    if item.get_closest_marker("slow") is not None or not isinstance(item, pytest.Function):
+    """Every test that builds, loads or serves a model, or starts a process, says its tier
+    (`slow` or `quick`, tests/tiers.py), so `make test` stays quick on purpose; one without it
+    fails here, before its fixtures build anything."""
+    if not isinstance(item, pytest.Function):
         return
-    if model_backed(item.function, item.fixturenames, vars(item.module)):
+    markers = [marker.name for marker in item.iter_markers()]
+    problem = tier_problem(item.function, markers, item.fixturenames, vars(item.module))
+    if problem is not None:
         pytest.fail(
-            f"{item.nodeid} builds, loads or serves a model: mark it @pytest.mark.slow "
-            "(a module whose tests all do: pytestmark = pytest.mark.slow)",
+            f"{item.nodeid} {problem}: mark it @pytest.mark.slow (the full tier, "
+            "`make test-all`) or, if it takes well under a second, @pytest.mark.quick "
+            "(a module whose tests all are: pytestmark = pytest.mark.slow); see tests/tiers.py",
             pytrace=False,
         )
 

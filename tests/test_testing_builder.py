@@ -12,6 +12,7 @@ import mlx_lm
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from tokenizers import AddedToken, Tokenizer
@@ -155,7 +156,7 @@ def test_tokenizer_round_trips_text(hf_tokenizer: Any, text: str) -> None:
     assert hf_tokenizer.decode(ids) == text
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(text=st.text(max_size=40))
 def test_tokenizer_round_trips_any_unicode(hf_tokenizer: Any, text: str) -> None:
     ids = hf_tokenizer.encode(text, add_special_tokens=False)
