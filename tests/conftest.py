@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis_profiles import load_profile
-from tiers import tier_problem
+from tiers import QUICK_TIER, module_is_slow, tier_problem
 
 from mlxlaunch.blas import use_optimised_blas
 
@@ -22,6 +22,9 @@ pytest_plugins = ["hub_fixtures"]
 # First, before any test imports mlx: libmlx binds its matmul to the first BLAS loaded, so the
 # suite runs on an installed OpenBLAS like `mlx` does, and on the reference BLAS without one.
 BLAS = use_optimised_blas()
+
+# The pytest-xdist group of the end-to-end tests (see pytest_collection_modifyitems).
+AGENTS_GROUP = "agents"
 
 # Before the test modules are imported: their `examples()` counts read the loaded profile.
 HYPOTHESIS_PROFILE = load_profile()
@@ -49,6 +52,24 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             "(a module whose tests all are: pytestmark = pytest.mark.slow); see tests/tiers.py",
             pytrace=False,
         )
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """The quick tier (`-m "not slow"`) leaves out modules whose tests are all slow without
+    importing them: they would all be deselected, after seconds of imports."""
+    if config.option.markexpr.strip() != QUICK_TIER or collection_path.suffix != ".py":
+        return None
+    if not collection_path.name.startswith("test_"):
+        return None
+    return True if module_is_slow(collection_path.read_text(encoding="utf-8")) else None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`make test`, `make test-all`), the end-to-end tests run on one worker,
+    one after another: they share the npm installs of the agents (tests/e2e/claude_cli.py)."""
+    for item in items:
+        if item.get_closest_marker("e2e") is not None:
+            item.add_marker(pytest.mark.xdist_group(AGENTS_GROUP))
 
 
 @pytest.hookimpl(tryfirst=True)

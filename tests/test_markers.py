@@ -23,6 +23,7 @@ from tiers import (
     QUICK_TIER,
     SLOW,
     model_backed,
+    module_is_slow,
     starts_processes,
     tier_problem,
 )
@@ -53,7 +54,8 @@ def test_the_makefile_runs_the_quick_tier_and_everything() -> None:
     recipes = dict(re.findall(r"^([\w-]+): [^\n]*\n((?:\t[^\n]*\n)+)", makefile, re.M))
     assert f'-m "{QUICK_TIER}"' in recipes["test"]
     assert "make test-all" in recipes["test"]  # it says how to run the rest
-    assert "pytest" in recipes["test-all"] and '-m "' not in recipes["test-all"]  # no tier left out
+    everything = recipes["test-all"]
+    assert "pytest" in everything.lower() and '-m "' not in everything  # no tier left out
 
 
 def _helper_that_serves() -> None:
@@ -152,3 +154,17 @@ def test_a_parameter_can_carry_the_tier(request: pytest.FixtureRequest, case: st
     markers = [marker.name for marker in request.node.iter_markers()]
     assert (QUICK if case == "p" else SLOW) in markers
     assert tier_problem(SAMPLES["_test_that_runs_a_command"], markers, [], globals()) is None
+
+
+def test_the_quick_tier_leaves_out_only_modules_whose_tests_are_all_slow() -> None:
+    assert module_is_slow("import pytest\n\npytestmark = pytest.mark.slow  # models\n")
+    assert module_is_slow("pytestmark = [pytest.mark.e2e, pytest.mark.slow]\n")
+    assert not module_is_slow("pytestmark = pytest.mark.e2e\n")
+    assert not module_is_slow("@pytest.mark.slow\ndef test_x() -> None:\n    pass\n")
+    assert not module_is_slow("pytestmark = [pytest.mark.skipif(True, reason='slow')]\n")
+    assert not module_is_slow("def f() -> None:\n    pytestmark = pytest.mark.slow\n")
+    slow_here = [
+        p.name for p in Path(__file__).parent.rglob("test_*.py") if module_is_slow(p.read_text())
+    ]
+    assert "test_serve_cli.py" not in slow_here and "test_markers.py" not in slow_here
+    assert "test_scheduler.py" in slow_here  # `pytestmark = pytest.mark.slow  # ...`

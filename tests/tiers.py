@@ -14,6 +14,7 @@ starts a process when that same code calls one of `PROCESS_STARTERS`.
 
 from __future__ import annotations
 
+import ast
 import inspect
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -134,3 +135,15 @@ def _nested(code: CodeType) -> Iterable[CodeType]:
     for constant in code.co_consts:
         if isinstance(constant, CodeType):
             yield from _nested(constant)
+
+
+def module_is_slow(source: str) -> bool:
+    """Whether a test module marks all its tests slow (`pytestmark = pytest.mark.slow`, or a
+    list holding it): the quick tier then need not import it at all."""
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(target, ast.Name) and target.id == "pytestmark" for target in node.targets
+        ):
+            marks = node.value.elts if isinstance(node.value, ast.List) else [node.value]
+            return any(ast.unparse(mark) == f"pytest.mark.{SLOW}" for mark in marks)
+    return False
