@@ -27,12 +27,16 @@ run: $(STAMP)
 	$(BIN)/mlx launch claude --install-claude --model $(MODEL)
 
 # Property tests try a tenth of their examples in `make test`, all of them in `make test-all`
-# (tests/hypothesis_profiles.py); set HYPOTHESIS_PROFILE to choose. PYTEST_ARGS adds options.
+# (tests/hypothesis_profiles.py); set HYPOTHESIS_PROFILE to choose. Tests run in TEST_WORKERS
+# pytest-xdist processes (most wait on child processes and servers, so 2 beat 1 even on 2
+# cores; 0: one process); tests marked xdist_group share one worker. PYTEST_ARGS adds options.
+TEST_WORKERS ?= 2
 PYTEST_ARGS ?=
+PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 ## The quick tier: unit tests and a few smoke tests through the real path (a few minutes).
 test: $(STAMP)
-	@HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-dev} $(BIN)/python -m pytest -m "not slow" \
+	@HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-dev} $(PYTEST) -m "not slow" \
 		$(PYTEST_ARGS); code=$$?; \
 	echo "make test ran the quick tier. Everything (model-backed, end-to-end with Claude Code," \
 		"Codex and opencode, cluster, fuzz): make test-all"; \
@@ -40,7 +44,7 @@ test: $(STAMP)
 
 ## Everything: the quick tier and the slow one (what CI runs after `make test`).
 test-all: $(STAMP)
-	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(BIN)/python -m pytest $(PYTEST_ARGS)
+	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(PYTEST) $(PYTEST_ARGS)
 
 ## Lint and type-check.
 check: $(STAMP)
