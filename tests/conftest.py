@@ -64,12 +64,19 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return True if module_is_slow(collection_path.read_text(encoding="utf-8")) else None
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`make test`, `make test-all`), the end-to-end tests run on one worker,
-    one after another: they share the npm installs of the agents (tests/e2e/claude_cli.py)."""
+    """Under pytest-xdist's `--dist loadgroup` (`make test`, `make test-all`) each module's
+    tests run on one worker, so its module-scoped fixtures (a served engine, a model per
+    template family) are set up once, not on both workers and again whenever the order
+    switches between their parameters. The end-to-end tests share one worker across modules:
+    they share the agents' npm installs (tests/e2e/claude_cli.py); a test that carries an
+    `xdist_group` of its own keeps it."""
     for item in items:
-        if item.get_closest_marker("e2e") is not None:
-            item.add_marker(pytest.mark.xdist_group(AGENTS_GROUP))
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        e2e = item.get_closest_marker("e2e") is not None
+        item.add_marker(pytest.mark.xdist_group(AGENTS_GROUP if e2e else item.path.stem))
 
 
 @pytest.hookimpl(tryfirst=True)

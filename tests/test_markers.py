@@ -168,3 +168,14 @@ def test_the_quick_tier_leaves_out_only_modules_whose_tests_are_all_slow() -> No
     ]
     assert "test_serve_cli.py" not in slow_here and "test_markers.py" not in slow_here
     assert "test_scheduler.py" in slow_here  # `pytestmark = pytest.mark.slow  # ...`
+
+
+def test_under_xdist_a_module_runs_on_one_worker(request: pytest.FixtureRequest) -> None:
+    conftest.pytest_collection_modifyitems(request.config, [request.node])
+    assert [m.args[0] for m in request.node.iter_markers("xdist_group")] == ["test_markers"]
+
+
+@pytest.mark.xdist_group("shared-port")
+def test_under_xdist_a_group_of_its_own_is_kept(request: pytest.FixtureRequest) -> None:
+    conftest.pytest_collection_modifyitems(request.config, [request.node])
+    assert [m.args[0] for m in request.node.iter_markers("xdist_group")] == ["shared-port"]
