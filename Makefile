@@ -29,7 +29,8 @@ run: $(STAMP)
 # Property tests try a tenth of their examples in `make test`, all of them in `make test-all`
 # (tests/hypothesis_profiles.py); set HYPOTHESIS_PROFILE to choose. Tests run in TEST_WORKERS
 # pytest-xdist processes (most wait on child processes and servers, so 2 beat 1 even on 2
-# cores; 0: one process); tests marked xdist_group share one worker. PYTEST_ARGS adds options.
+# cores; 0: one process): each module's tests share a worker, and so do the e2e tests and the
+# cluster tests (xdist_group, tests/conftest.py). PYTEST_ARGS adds options.
 TEST_WORKERS ?= 2
 PYTEST_ARGS ?=
 PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
