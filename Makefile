@@ -1,5 +1,6 @@
-# Two entry points (README quick start): `make run` and `make test`. Both bootstrap a local
-# virtual environment on first use, so they work on a fresh machine with Python 3.11+.
+# Entry points (README quick start): `make run`, `make test` (the quick tier) and `make test-all`
+# (everything, what CI runs after it). All bootstrap a local virtual environment on first use, so
+# they work on a fresh machine with Python 3.11+. The tiers are in tests/tiers.py.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -13,7 +14,7 @@ MODEL ?= demo
 # mlxlaunch/launch/claude_bin.py), installed with npm on first use into mlxlaunch's home, where
 # `mlx doctor` and a plain `mlx launch claude` find it afterwards.
 
-.PHONY: run test check install completions
+.PHONY: run test test-all check install completions
 
 $(BIN)/pip:
 	$(PYTHON) -m venv $(VENV)
@@ -37,9 +38,26 @@ run: $(RUN_STAMP)
 	echo "  pipx install $(CURDIR)   (or: uv tool install $(CURDIR); for your user, anywhere)"; \
 	exit $$code
 
-## The whole test suite (what CI runs).
+# Property tests try a tenth of their examples in `make test`, all of them in `make test-all`
+# (tests/hypothesis_profiles.py); set HYPOTHESIS_PROFILE to choose. Tests run in TEST_WORKERS
+# pytest-xdist processes (most wait on child processes and servers, so 2 beat 1 even on 2
+# cores; 0: one process): each module's tests share a worker, and so do the e2e tests and the
+# cluster tests (xdist_group, tests/conftest.py). PYTEST_ARGS adds options.
+TEST_WORKERS ?= 2
+PYTEST_ARGS ?=
+PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
+
+## The quick tier: unit tests and a few smoke tests through the real path (a few minutes).
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	@HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-dev} $(PYTEST) -m "not slow" \
+		$(PYTEST_ARGS); code=$$?; \
+	echo "make test ran the quick tier. Everything (model-backed, end-to-end with Claude Code," \
+		"Codex and opencode, cluster, fuzz): make test-all"; \
+	exit $$code
+
+## Everything: the quick tier and the slow one (what CI runs after `make test`).
+test-all: $(STAMP)
+	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(PYTEST) $(PYTEST_ARGS)
 
 ## Lint and type-check.
 check: $(STAMP)

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from model_backed import model_backed
+from hypothesis_profiles import load_profile
+from tiers import QUICK_TIER, module_is_slow, tier_problem
 
 from mlxlaunch.blas import use_optimised_blas
 
@@ -21,6 +22,12 @@ pytest_plugins = ["hub_fixtures"]
 # First, before any test imports mlx: libmlx binds its matmul to the first BLAS loaded, so the
 # suite runs on an installed OpenBLAS like `mlx` does, and on the reference BLAS without one.
 BLAS = use_optimised_blas()
+
+# The pytest-xdist group of the end-to-end tests (see pytest_collection_modifyitems).
+AGENTS_GROUP = "agents"
+
+# Before the test modules are imported: their `examples()` counts read the loaded profile.
+HYPOTHESIS_PROFILE = load_profile()
 
 # A suite started in the background by a non-interactive shell (`cmd &`, nohup) inherits SIGINT
 # ignored, and so would every `mlx serve` a test starts, deaf to the Ctrl-C the test sends.
@@ -31,16 +38,45 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Model-backed tests carry the `slow` marker, so `pytest -m "not slow"` stays quick; one
-    without it fails here, before its fixtures build anything (see tests/model_backed.py)."""
-    if item.get_closest_marker("slow") is not None or not isinstance(item, pytest.Function):
+    """Every test that builds, loads or serves a model, or starts a process, says its tier
+    (`slow` or `quick`, tests/tiers.py), so `make test` stays quick on purpose; one without it
+    fails here, before its fixtures build anything."""
+    if not isinstance(item, pytest.Function):
         return
-    if model_backed(item.function, item.fixturenames, vars(item.module)):
+    markers = [marker.name for marker in item.iter_markers()]
+    problem = tier_problem(item.function, markers, item.fixturenames, vars(item.module))
+    if problem is not None:
         pytest.fail(
-            f"{item.nodeid} builds, loads or serves a model: mark it @pytest.mark.slow "
-            "(a module whose tests all do: pytestmark = pytest.mark.slow)",
+            f"{item.nodeid} {problem}: mark it @pytest.mark.slow (the full tier, "
+            "`make test-all`) or, if it takes well under a second, @pytest.mark.quick "
+            "(a module whose tests all are: pytestmark = pytest.mark.slow); see tests/tiers.py",
             pytrace=False,
         )
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """The quick tier (`-m "not slow"`) leaves out modules whose tests are all slow without
+    importing them: they would all be deselected, after seconds of imports."""
+    if config.option.markexpr.strip() != QUICK_TIER or collection_path.suffix != ".py":
+        return None
+    if not collection_path.name.startswith("test_"):
+        return None
+    return True if module_is_slow(collection_path.read_text(encoding="utf-8")) else None
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist's `--dist loadgroup` (`make test`, `make test-all`) each module's
+    tests run on one worker, so its module-scoped fixtures (a served engine, a model per
+    template family) are set up once, not on both workers and again whenever the order
+    switches between their parameters. The end-to-end tests share one worker across modules:
+    they share the agents' npm installs (tests/e2e/claude_cli.py); a test that carries an
+    `xdist_group` of its own keeps it."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        e2e = item.get_closest_marker("e2e") is not None
+        item.add_marker(pytest.mark.xdist_group(AGENTS_GROUP if e2e else item.path.stem))
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -102,6 +102,7 @@ def test_figures_of_runs_on_their_own_servers_merge_as_if_measured_together() ->
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("cluster")  # ranks of 2-3 processes each: one such test at a time
 @pytest.mark.skipif(
     not mx.distributed.is_available("ring"), reason="MLX's ring backend is not available"
 )

@@ -199,6 +199,7 @@ def _probe(**env: str) -> dict[str, object]:
     return result
 
 
+@pytest.mark.quick
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the mlx-cpu wheel is Linux's")
 def test_reference_keeps_the_wheels_blas_and_mlx_is_right() -> None:
     result = _probe(**{ENV_CHOICE: "reference"})
@@ -209,6 +210,7 @@ def test_reference_keeps_the_wheels_blas_and_mlx_is_right() -> None:
     assert float(str(result["inverse_error"])) < 1e-4
 
 
+@pytest.mark.slow
 @needs_optimised
 def test_an_installed_blas_is_the_one_mlx_uses_and_is_faster() -> None:
     result = _probe()
@@ -223,6 +225,7 @@ def test_an_installed_blas_is_the_one_mlx_uses_and_is_faster() -> None:
     assert float(str(result["gflops"])) > 3 * float(str(reference["gflops"]))
 
 
+@pytest.mark.slow
 def test_the_mlx_command_module_imports_no_mlx_before_its_loader_runs() -> None:
     code = (
         "import sys, mlxlaunch.cli.main; print(sorted(m for m in sys.modules if m == 'mlx.core'))"

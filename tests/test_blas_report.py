@@ -127,6 +127,7 @@ def test_bench_describes_the_blas_and_its_rate() -> None:
     json.dumps(machine)  # the report is JSON
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not LINUX, reason="the mlx-cpu wheel is Linux's")
 def test_mlx_doctor_names_the_blas_it_loaded() -> None:
     environ = {k: v for k, v in os.environ.items() if k not in (ENV_CHOICE, "LD_PRELOAD")}

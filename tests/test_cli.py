@@ -39,6 +39,7 @@ def test_help_lists_examples(capsys: pytest.CaptureFixture[str]) -> None:
     assert "mlx launch claude" in out
 
 
+@pytest.mark.slow
 def test_console_script_runs() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "mlxlaunch", "--version"], capture_output=True, text=True
@@ -103,6 +104,7 @@ def test_completion_scripts_cover_every_command() -> None:
         assert name in bash
 
 
+@pytest.mark.quick
 def test_bash_completion_completes_top_level() -> None:
     script = ROOT / "completions" / "mlx.bash"
     proc = subprocess.run(
@@ -118,6 +120,7 @@ def test_bash_completion_completes_top_level() -> None:
     assert proc.stdout.strip() == "--version"
 
 
+@pytest.mark.slow
 def test_cli_start_does_not_import_mlx() -> None:
     """Every `mlx` command starts quickly: only the commands that serve or bench load mlx."""
     code = "import sys, mlxlaunch.cli.main; print('mlx' in sys.modules, 'mlx_lm' in sys.modules)"
@@ -169,6 +172,7 @@ def test_debug_flag_moves_first_but_not_from_another_programs_words() -> None:
     assert take_debug_flag(claude_words) == (False, claude_words)
 
 
+@pytest.mark.slow
 def test_models_list_with_debug_runs_end_to_end(tmp_path: Path) -> None:
     env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "MLXLAUNCH_HOME": str(tmp_path)}
     proc = subprocess.run(
@@ -181,6 +185,7 @@ def test_models_list_with_debug_runs_end_to_end(tmp_path: Path) -> None:
     assert json.loads(proc.stdout) == []
 
 
+@pytest.mark.slow
 def test_commands_are_registered_only_in_main() -> None:
     """Importing a command module registers nothing; cli/main.py's table does it all."""
     modules = sorted(
@@ -195,6 +200,7 @@ def test_commands_are_registered_only_in_main() -> None:
     assert proc.stdout.split() == ["0", "0"], proc.stderr
 
 
+@pytest.mark.quick
 def test_ctrl_c_while_the_cli_loads_ends_quietly() -> None:
     # Importing the CLI takes about a second, so a signal just after the entry point starts
     # lands in it; an interrupt then is exit 130 with no traceback, like one later on. The

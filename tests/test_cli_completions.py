@@ -54,6 +54,7 @@ def test_model_option_completes_test_catalog_and_local_models(store: dict[str, s
     assert _bash(["mlx", "bench", "--model", "=", "te"], store) == ["test-org/Llama-Finetune-bf16"]
 
 
+@pytest.mark.quick
 def test_options_complete_after_an_option_value(store: dict[str, str]) -> None:
     assert _bash(["mlx", "serve", "--model", "demo", "--po"], store) == ["--port"]
     assert _bash(["mlx", "serve", "-m", "demo", "--port", "8080", "--no-a"], store) == ["--no-auth"]
@@ -74,6 +75,7 @@ def test_model_arguments_complete_names_and_commands_still_complete(
     assert _bash(["mlx", "launch", "claude", "--", "--po"], store) == []
 
 
+@pytest.mark.quick
 @pytest.mark.skipif(shutil.which("zsh") is None, reason="zsh is not installed")
 def test_zsh_script_completes_values_and_options(store: dict[str, str]) -> None:
     # The completion builtins are stand-ins that print what they were asked to offer.

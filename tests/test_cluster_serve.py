@@ -34,6 +34,7 @@ from mlxlaunch.testing import ensure_test_model
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.xdist_group("cluster"),  # ranks of 2-3 processes each: one such test at a time
     pytest.mark.skipif(
         not mx.distributed.is_available("ring"), reason="MLX's ring backend is not available"
     ),

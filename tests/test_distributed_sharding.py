@@ -40,6 +40,7 @@ MLX_LAUNCH = str(_BESIDE) if _BESIDE.is_file() else shutil.which("mlx.launch")
 
 pytestmark = [
     pytest.mark.slow,  # every test here loads a model
+    pytest.mark.xdist_group("cluster"),  # ranks of 2-3 processes each: one such test at a time
     pytest.mark.skipif(
         MLX_LAUNCH is None or not mx.distributed.is_available("ring"),
         reason="mlx.launch or MLX's ring backend is not available",

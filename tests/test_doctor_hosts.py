@@ -115,6 +115,7 @@ def test_an_unreachable_host_is_reported_not_a_crash(
     assert "not measured" in _line(out, "│ link")
 
 
+@pytest.mark.quick
 def test_model_without_hosts_is_a_usage_error(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -236,7 +236,12 @@ def test_an_unload_during_requests(target: Target) -> None:
 
     with ThreadPoolExecutor(max_workers=3) as pool:
         futures = [pool.submit(stream, 600 + n) for n in range(3)]
-        time.sleep(0.5)
+        # Until all three are in the engine (not a fixed 0.5 s: on a busy machine one request
+        # still on its way would arrive after the unload and load the model again).
+        deadline = time.monotonic() + 60
+        while (stats := target.engine.stats()).running + stats.queue_depth < 3:
+            assert time.monotonic() < deadline, "the requests never reached the engine"
+            time.sleep(0.01)
         asyncio.run(target.engine.unload())
         outcomes = [f.result(timeout=60) for f in futures]
     print(f"\nfaults: outcomes of requests caught by an unload: {outcomes}")

@@ -66,6 +66,7 @@ def run(mode: str) -> tuple[int, int, bool]:
     return int(faults), int(freed_kib), released == "True"
 
 
+@pytest.mark.slow
 def test_kept_blocks_are_reused_without_page_faults_and_released_when_asked() -> None:
     faults, freed_kib, released = run("keep")
     default_faults, _, _ = run("default")

@@ -19,6 +19,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
@@ -35,7 +36,7 @@ ENDPOINTS = ("/v1/messages", "/v1/messages/count_tokens")
 # bodies are held to a few output tokens so every example stays fast.
 MAX_FUZZ_OUTPUT = 4
 FUZZ_SETTINGS = settings(
-    max_examples=120,
+    max_examples=examples(120),
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
@@ -282,7 +283,7 @@ def test_mutated_valid_requests(
 
 
 @pytest.mark.slow
-@settings(FUZZ_SETTINGS, max_examples=50)
+@settings(FUZZ_SETTINGS, max_examples=examples(50))
 @given(body=json_values, endpoint=st.sampled_from(ENDPOINTS))
 def test_random_json(
     fuzz_target: tuple[httpx.Client, Counter[str]], body: Any, endpoint: str
@@ -292,7 +293,7 @@ def test_random_json(
 
 
 @pytest.mark.slow
-@settings(FUZZ_SETTINGS, max_examples=30)
+@settings(FUZZ_SETTINGS, max_examples=examples(30))
 @given(raw=st.binary(max_size=200) | st.text(max_size=200).map(str.encode))
 def test_garbage_bytes(fuzz_target: tuple[httpx.Client, Counter[str]], raw: bytes) -> None:
     client, statuses = fuzz_target

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 
 from mlxlaunch.engine.output.json_readers import json_span_reader, json_value_calls
 from mlxlaunch.engine.output.spans import CallArgs, CallBegin, CallEnd, CallPiece, SpanReader
@@ -219,7 +220,7 @@ def test_two_calls_in_one_span(dialect: str) -> None:
     assert isinstance(reader.feed(span[:first_end])[-1], CallEnd)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     dialect=st.sampled_from(JSON_DIALECTS),
     first=_arguments,
@@ -240,7 +241,7 @@ def test_random_arguments_and_splits_read_the_same(
     assert ends == texts  # the arguments as the model wrote them
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(dialect=st.sampled_from(JSON_DIALECTS), args=_arguments, data=st.data())
 def test_a_random_cut_after_the_call_began_ends_with_valid_json(
     dialect: str, args: dict[str, Any], data: Any

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 
 from mlxlaunch.engine.output.json_stream import JsonObjectStream
 
@@ -65,7 +66,7 @@ def repaired(pieces: list[str]) -> Any:
 # --- properties --------------------------------------------------------------------------------
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(text=_json_texts, lead=st.sampled_from(["", " ", "\n\t "]), data=st.data())
 def test_a_whole_object_comes_through_unchanged(text: str, lead: str, data: st.DataObject) -> None:
     after = data.draw(st.sampled_from(["", "\n", "}</tool_call>", '{"next": 1}']))
@@ -76,7 +77,7 @@ def test_a_whole_object_comes_through_unchanged(text: str, lead: str, data: st.D
     assert scanner.close() == ""
 
 
-@settings(max_examples=250, deadline=None)
+@settings(max_examples=examples(250), deadline=None)
 @given(text=_json_texts, data=st.data())
 def test_any_truncation_repairs_to_an_object(text: str, data: st.DataObject) -> None:
     cut = data.draw(st.integers(1, len(text)))
@@ -87,7 +88,7 @@ def test_any_truncation_repairs_to_an_object(text: str, data: st.DataObject) -> 
     assert not scanner.broken
 
 
-@settings(max_examples=250, deadline=None)
+@settings(max_examples=examples(250), deadline=None)
 @given(text=_garbage | _json_texts, data=st.data())
 def test_arbitrary_text_never_raises_and_forwards_a_valid_prefix(
     text: str, data: st.DataObject
@@ -100,7 +101,7 @@ def test_arbitrary_text_never_raises_and_forwards_a_valid_prefix(
         assert forwarded == "" and scanner.close() == ""
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(text=_json_texts, data=st.data())
 def test_a_corrupted_object_is_forwarded_up_to_the_damage(text: str, data: st.DataObject) -> None:
     at = data.draw(st.integers(1, len(text)))

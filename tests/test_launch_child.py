@@ -70,6 +70,7 @@ def test_killed_child_gives_128_plus_signal() -> None:
     assert exit_code_of(0) == 0
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGWINCH])
 def test_signals_sent_to_the_launcher_reach_the_child(
     fake: tuple[Path, Path], sig: signal.Signals
@@ -115,6 +116,7 @@ def _launch_on_pty(claude: Path) -> tuple[subprocess.Popen[bytes], int]:
     return launcher, master
 
 
+@pytest.mark.quick
 @pytest.mark.parametrize("key", ["ctrl-c", "resize"])
 def test_terminal_signals_reach_the_child_exactly_once(fake: tuple[Path, Path], key: str) -> None:
     import fcntl

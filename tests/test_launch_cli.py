@@ -373,6 +373,7 @@ def test_on_a_terminal_it_offers_to_pull_the_recommended_model(world: dict[str, 
     assert "cannot reach the hub at http://127.0.0.1:9" in stderr
 
 
+@pytest.mark.slow
 def test_piped_output_is_refused_before_anything_starts(world: dict[str, Path]) -> None:
     """`make run | tee log`: claude would go non-interactive with no prompt and quit."""
     env = _env(world, PATH=str(world["bin"].parent / "empty"))  # no claude: checked first

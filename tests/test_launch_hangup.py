@@ -98,6 +98,7 @@ def launched(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
         _kill_leftover(report)
 
 
+@pytest.mark.quick
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 @pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGTERM])
 def test_a_stopped_child_is_woken_to_act_on_the_signal(
@@ -118,6 +119,7 @@ def test_a_stopped_child_is_woken_to_act_on_the_signal(
     assert json.loads(report.read_text())["signals"][:1] == [sig]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 @pytest.mark.parametrize("stop_first", [True, False])
 def test_a_child_that_ignores_the_signal_is_killed_after_the_grace(
@@ -142,6 +144,7 @@ def test_a_child_that_ignores_the_signal_is_killed_after_the_grace(
         _kill_leftover(report)
 
 
+@pytest.mark.quick
 def test_an_ending_kills_the_group_after_its_grace_unless_cancelled() -> None:
     sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
     kept, killed = (subprocess.Popen(sleep, process_group=0) for _ in range(2))

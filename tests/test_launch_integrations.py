@@ -128,6 +128,7 @@ def test_agent_lookup_order_and_hint(tmp_path: Path) -> None:
         find_agent(CODEX, str(tmp_path / "nope" / "codex"), prefix=prefix)
 
 
+@pytest.mark.slow
 def test_print_config_for_a_server_given_by_url(tmp_path: Path) -> None:
     env = {**os.environ, "MLXLAUNCH_HOME": str(tmp_path / "home")}
     done = subprocess.run(

@@ -200,10 +200,14 @@ def test_in_process_server_records_what_its_engine_serves(
         assert printed["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == str(WINDOW)
 
 
-@pytest.fixture
-def mlx_serve(tmp_path: Path, tiny_model_dir: Path) -> Iterator[tuple[str, str, str, dict]]:
+@pytest.fixture(scope="module")
+def mlx_serve(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path
+) -> Iterator[tuple[str, str, str, dict]]:
     """`mlx serve --model TINY --context-length 32768` in a child process: its URL, token,
-    announcement and environment (its own MLXLAUNCH_HOME)."""
+    announcement and environment (its own MLXLAUNCH_HOME). One for the module: its tests only
+    read what it says."""
+    tmp_path = tmp_path_factory.mktemp("mlx-serve")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CLAUDE_"))}
     env.update(
         PYTHONUNBUFFERED="1",

@@ -65,6 +65,7 @@ def test_live_servers_are_listed_newest_first(tmp_path: Path) -> None:
     assert [s.pid for s in state.running_servers(tmp_path)] == [os.getppid(), os.getpid()]
 
 
+@pytest.mark.quick
 def test_stale_and_malformed_files_are_detected_and_pruned(tmp_path: Path) -> None:
     dead = _dead_pid()
     stale_path = state.write_state(_state(dead), tmp_path)
@@ -106,6 +107,7 @@ def test_the_store_reads_what_launch_writes_without_the_token(tmp_path: Path) ->
     assert servers_using(tmp_path / "other", tmp_path) == []
 
 
+@pytest.mark.quick
 def test_launch_and_the_store_agree_on_what_runs(tmp_path: Path) -> None:
     """One answer to "what is running": a record only a partial reader accepts still counts
     for the store (it must not delete that model), is skipped by strict readers, and a stale

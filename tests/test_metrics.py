@@ -147,6 +147,7 @@ def test_stats_snapshot_lists_the_requests_with_their_tokens(served: Served) -> 
 
 @pytest.mark.slow
 def test_stats_stream_sends_a_snapshot_about_every_second(served: Served) -> None:
+    served.ask(max_tokens=1)  # the model is loaded, whichever of the module's tests ran before
     events: list[StatsSnapshot] = []
     started = time.monotonic()
     with httpx.stream("GET", served.server.url + "/v1/stats/stream", headers=AUTH, timeout=10) as r:

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 from mlx_lm.tool_parsers import json_tools
 from parser_helpers import splits
 
@@ -394,7 +395,7 @@ def render(segments: list[tuple[str, object]]) -> tuple[str, Summary]:
     return output, expected
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(segments=st.lists(_segment, max_size=5), data=st.data())
 def test_random_splits_give_the_expected_events(
     segments: list[tuple[str, object]], data: st.DataObject
@@ -405,7 +406,7 @@ def test_random_splits_give_the_expected_events(
     assert summarise(run(qwen_config(), pieces)[0]) == expected
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     output=st.lists(
         st.sampled_from(

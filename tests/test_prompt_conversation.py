@@ -67,6 +67,7 @@ class TemplateTokenizer:
         env.globals["strftime_now"] = lambda format: "2026-01-01"
         env.filters["tojson"] = lambda value, **kwargs: json.dumps(value, **kwargs)
         self._env = env
+        self._compiled: tuple[str, Any] | None = None  # (source, template): compiled once
 
     def apply_chat_template(
         self,
@@ -78,8 +79,11 @@ class TemplateTokenizer:
     ) -> str:
         assert not tokenize
         self.renders += 1
-        template = self._env.from_string(self.chat_template)
-        return template.render(
+        # Compiling gpt-oss's template takes a good part of a second and probing renders it
+        # dozens of times; a test that swaps `chat_template` gets the new one compiled.
+        if self._compiled is None or self._compiled[0] != self.chat_template:
+            self._compiled = (self.chat_template, self._env.from_string(self.chat_template))
+        return self._compiled[1].render(
             messages=messages, tools=tools, add_generation_prompt=add_generation_prompt, **kwargs
         )
 

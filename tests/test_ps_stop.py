@@ -74,6 +74,7 @@ def sleeper() -> Iterator[subprocess.Popen[bytes]]:
 # --- which records are running servers --------------------------------------------------------
 
 
+@pytest.mark.quick
 def test_stale_reused_and_zombie_records_are_not_shown_and_are_removed(tmp_path: Path) -> None:
     live = write_state(_state(os.getpid(), started_at=time.time()), tmp_path)
     dead = write_state(_state(_dead_pid()), tmp_path)
@@ -92,6 +93,7 @@ def test_stale_reused_and_zombie_records_are_not_shown_and_are_removed(tmp_path:
     assert not dead.exists() and not reused.exists() and not zombie_record.exists()
 
 
+@pytest.mark.quick
 def test_process_facts_of_this_process() -> None:
     facts = process_facts(os.getpid())
     assert facts is not None and not facts.zombie
@@ -134,6 +136,7 @@ def test_selecting_servers_to_stop() -> None:
     assert model_label("/models/my-model/") == "my-model" and model_label("org/m") == "org/m"
 
 
+@pytest.mark.quick
 def test_stop_waits_for_the_exit_and_gives_up_after_the_timeout(
     sleeper: subprocess.Popen[bytes],
 ) -> None:
@@ -287,6 +290,7 @@ def test_ps_lists_real_servers_and_stop_stops_them(tmp_path: Path) -> None:
             proc.communicate()
 
 
+@pytest.mark.slow
 def test_on_a_terminal_stop_asks_which(tmp_path: Path) -> None:
     home = tmp_path / "home"
     sleep = [sys.executable, "-c", "import time; time.sleep(120)"]

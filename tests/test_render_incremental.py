@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from tokenizers import (
@@ -128,7 +129,7 @@ steps = st.lists(st.tuples(st.floats(0, 1), st.integers(0, 3), pieces), min_size
 def test_random_texts_and_split_points_tokenize_exactly(tokenizer: Any, min_line_gain: int) -> None:
     partial_hits = []
 
-    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=examples(300), deadline=None, suppress_health_check=list(HealthCheck))
     @given(pieces, steps)
     def check(first: list[str], session: list[tuple[float, int, list[str]]]) -> None:
         encoder = IncrementalTokenizer(tokenizer, capacity=3, min_line_gain=min_line_gain)
@@ -214,7 +215,7 @@ def test_random_conversations_render_to_exactly_the_full_tokenization(
 ) -> None:
     renderer = PromptRenderer(chat_tokenizer)  # one renderer for all: its memory carries over
 
-    @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=examples(120), deadline=None, suppress_health_check=list(HealthCheck))
     @given(contents, st.lists(message, min_size=1, max_size=8), st.integers(0, 8), st.booleans())
     def check(system: str, messages: list[ChatMessage], cut: int, thinking: bool) -> None:
         # The whole conversation, then a shorter one with a new last turn (an edit or a
@@ -282,7 +283,7 @@ def test_line_starts_are_splits_only_where_the_pre_tokenizer_allows() -> None:
     assert last_line_start("abc", 0, 3) == -1
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.text(max_size=40), st.text(max_size=30), st.text(max_size=30), st.integers(1, 9))
 def test_common_prefix_length_is_exact(shared: str, a: str, b: str, block: int) -> None:
     x, y = shared + a, shared + b

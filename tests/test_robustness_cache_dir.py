@@ -32,6 +32,7 @@ import mlx.core as mx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
 from mlxlaunch.engine.cache import weight_identity
@@ -527,7 +528,7 @@ def written_by_the_store(rel: str, before: dict[str, tuple[str, bytes | str]]) -
 
 
 @settings(
-    max_examples=100,
+    max_examples=examples(100),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

@@ -27,6 +27,7 @@ import pytest
 from engine_helpers import served_engine
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
@@ -115,7 +116,7 @@ def test_the_bound_never_exceeds_the_true_count(tokenizers_of_each_kind: dict[st
                 assert bound >= true // 3, (name, text[:40], bound, true)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     st.lists(
         st.sampled_from([*TRICKY[:8], " ", "\n", "x", "é漢"]) | st.text(max_size=300),
@@ -200,7 +201,7 @@ json_values = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(json_values, st.booleans(), st.integers(17, 80), st.data())
 def test_the_piecewise_parse_gives_what_json_loads_gives(
     value: Any, ascii_only: bool, piece: int, data: st.DataObject

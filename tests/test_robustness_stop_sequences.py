@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 from pydantic import ValidationError
 
 from mlxlaunch.engine.output.harmony import HarmonyParser
@@ -121,7 +122,7 @@ def reference_first_match(buffer: str, markers: list[str]) -> tuple[int, int, st
     return start, end, marker
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     markers=st.lists(st.text("abc", min_size=1, max_size=6), min_size=1, max_size=6, unique=True),
     buffer=st.text("abc", max_size=14),
@@ -139,7 +140,7 @@ def test_marker_set_agrees_with_brute_force(markers: list[str], buffer: str) -> 
         assert buffer[match.start : match.end] == match.marker
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     stops=st.lists(st.text("ab", min_size=1, max_size=8), min_size=1, max_size=5, unique=True),
     output=st.text("ab", max_size=40),

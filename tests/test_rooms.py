@@ -7,6 +7,7 @@ own one-way rules, and mlx-lm's private names read in one sub-room only.
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -57,8 +58,10 @@ PRIVATE_NAMES_ROOM = "runtime"
 MAX_MODULE_LINES = 700
 
 
+@functools.cache  # several tests read every product module's imports: parse each once
 def _imports(path: Path) -> list[tuple[int, str]]:
-    """(line, dotted name) of every import; `from a import b` gives `a.b` (b may be a module)."""
+    """(line, dotted name) of every import; `from a import b` gives `a.b` (b may be a module).
+    Shared between callers: read it, do not change it."""
     tree = ast.parse(path.read_text())
     here = list(path.relative_to(PKG.parent).with_suffix("").parts)
     found: list[tuple[int, str]] = []

@@ -1,4 +1,7 @@
-"""`mlx serve --model demo` as a user runs it: a subprocess, a real request, Ctrl-C."""
+"""`mlx serve --model demo` as a user runs it: a subprocess, a real request, Ctrl-C.
+
+Its Ctrl-C case is one of the quick tier's smoke tests (tests/tiers.py): the real `mlx serve`
+on a real socket, a built test model, the Anthropic SDK as the client."""
 
 from __future__ import annotations
 
@@ -10,14 +13,13 @@ import sys
 import time
 from pathlib import Path
 
+import anthropic
 import httpx
 import pytest
 from deadlines import PROCESS_EXIT_S, PROCESS_START_S
 
 from mlxlaunch.launch.state import running_servers
 from mlxlaunch.testing import DEMO_NOTICE
-
-pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model
 
 
 def _start_serve(
@@ -53,7 +55,13 @@ def _read_announcement(proc: subprocess.Popen[str], deadline: float) -> tuple[st
     return url, token, "".join(said)
 
 
-@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize(
+    "stop_signal",
+    [
+        pytest.param(signal.SIGINT, marks=pytest.mark.quick),  # the smoke test
+        pytest.param(signal.SIGTERM, marks=pytest.mark.slow),
+    ],
+)
 def test_serve_demo_answers_and_stops(tmp_path: Path, stop_signal: signal.Signals) -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("MLX_AUTH_TOKEN", None)
@@ -73,6 +81,11 @@ def test_serve_demo_answers_and_stops(tmp_path: Path, stop_signal: signal.Signal
         assert response.status_code == 200
         assert response.json()["model"] == "claude-x"
         assert httpx.post(url + "/v1/messages", json=body, timeout=10).status_code == 401
+        sdk = anthropic.Anthropic(base_url=url, api_key=token, max_retries=0)
+        with sdk.messages.stream(model="claude-y", max_tokens=4, messages=body["messages"]) as s:
+            streamed = s.get_final_message()  # the SDK's accumulator checks the event order
+        assert streamed.model == "claude-y" and streamed.stop_reason in ("end_turn", "max_tokens")
+        assert 1 <= streamed.usage.output_tokens <= 4
         proc.send_signal(stop_signal)
         _, err = proc.communicate(timeout=PROCESS_EXIT_S)
     finally:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from mlxlaunch.server.runner import bind_socket
 
 
@@ -34,6 +36,7 @@ async def test_accepted_connections_send_small_writes_at_once() -> None:
         await server.wait_closed()
 
 
+@pytest.mark.slow
 def test_the_first_streamed_answer_does_not_wait_for_imports() -> None:
     # Starlette streams inside an anyio task group; anyio imports its asyncio backend (~40 ms)
     # when the first one opens. A fresh process shows whether the runner did it up front.

@@ -12,8 +12,10 @@ import mlx_lm
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis_profiles import examples
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.tokenizer_utils import TokenizerWrapper
+from tokenizers import AddedToken, Tokenizer
 from transformers import AutoTokenizer
 
 from mlxlaunch.store.verify import check_weights
@@ -27,6 +29,8 @@ from mlxlaunch.testing import (
     fail_forward,
     is_test_model_name,
 )
+from mlxlaunch.testing.templates import template_family
+from mlxlaunch.testing.tokenizer import _learned_bpe, train_tokenizer
 
 pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model
 
@@ -152,7 +156,7 @@ def test_tokenizer_round_trips_text(hf_tokenizer: Any, text: str) -> None:
     assert hf_tokenizer.decode(ids) == text
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(text=st.text(max_size=40))
 def test_tokenizer_round_trips_any_unicode(hf_tokenizer: Any, text: str) -> None:
     ids = hf_tokenizer.encode(text, add_special_tokens=False)
@@ -294,6 +298,42 @@ def test_ensure_test_model_builds_once_under_concurrency(
     assert ensure_test_model("tiny") == built
     assert (built / "model.safetensors").stat().st_mtime_ns == stamp
     mlx_lm.load(str(built))
+
+
+def test_a_recipe_two_names_share_is_built_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # "demo" is the "small" recipe: the second name copies the first one's build.
+    monkeypatch.setenv("MLXLAUNCH_HOME", str(tmp_path))
+    small = ensure_test_model("small")
+    demo = ensure_test_model("demo")
+    assert demo != small and demo.parent == small.parent
+    for name in ("model.safetensors", "tokenizer.json", "config.json"):
+        assert (demo / name).read_bytes() == (small / name).read_bytes()
+        # A copy keeps the build's time stamps; a second build would write new ones.
+        assert (demo / name).stat().st_mtime_ns == (small / name).stat().st_mtime_ns
+    assert (demo.stat().st_mode & 0o777) == (small.stat().st_mode & 0o777)
+    assert not [p for p in demo.parent.iterdir() if p.name.startswith(".demo-")]  # no staging
+    mlx_lm.load(str(demo))
+
+
+def test_the_tokenizer_is_trained_once_per_size_and_is_the_same_as_trained_anew() -> None:
+    families = [template_family(name) for name in sorted(TEMPLATE_FAMILIES)[:3]]
+    train_tokenizer(families[0], 1024)
+    misses = _learned_bpe.cache_info().misses
+    tokenizers = [train_tokenizer(family, 1024) for family in families]
+    assert _learned_bpe.cache_info().misses == misses  # no family trained again
+    learned = _learned_bpe.__wrapped__(1024)  # a fresh training
+    for family, tokenizer in zip(families, tokenizers, strict=True):
+        anew = Tokenizer.from_str(learned)
+        anew.add_special_tokens(
+            [AddedToken(t, special=True, normalized=False) for t in family.control_tokens]
+        )
+        anew.add_tokens(
+            [AddedToken(t, special=False, normalized=False) for t in family.markup_tokens]
+        )
+        assert tokenizer.to_str() == anew.to_str()
+        assert tokenizer.get_vocab_size() == 1024 + len(family.added_tokens)
 
 
 # --- test doubles ---------------------------------------------------------------------------

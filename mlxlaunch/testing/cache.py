@@ -121,7 +121,7 @@ def ensure_test_model(name: str) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             if not _is_complete(target):  # another process may have built it meanwhile
-                _build_atomically(recipe, target)
+                _build_atomically(recipe, target, _built_twin(name, recipe, root))
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     return target
@@ -132,14 +132,33 @@ def _is_complete(directory: Path) -> bool:
     return (directory / "config.json").is_file()
 
 
-def _build_atomically(recipe: ModelRecipe, target: Path) -> None:
+def _built_twin(name: str, recipe: ModelRecipe, root: Path) -> Path | None:
+    """A finished build of the same recipe under another name ("demo" is built as "small"):
+    the recipe decides the files, so a copy of it saves building them again."""
+    for other, twin in TEST_MODELS.items():
+        if other == name or twin != recipe:
+            continue
+        path = root / f"{other}-{builder_hash(twin)}"
+        if _is_complete(path):
+            return path
+    return None
+
+
+def _build_atomically(recipe: ModelRecipe, target: Path, twin: Path | None = None) -> None:
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        from mlxlaunch.testing.builder import build_model  # mlx: only when building
+        if twin is not None:
+            shutil.copytree(twin, staging, dirs_exist_ok=True)  # modes too (copy2, copystat)
+        else:
+            from mlxlaunch.testing.builder import build_model  # mlx: only when building
 
-        build_model(
-            staging, recipe.size, template=recipe.template, seed=recipe.seed, weights=recipe.weights
-        )
+            build_model(
+                staging,
+                recipe.size,
+                template=recipe.template,
+                seed=recipe.seed,
+                weights=recipe.weights,
+            )
         if target.exists():  # a leftover without config.json: an interrupted old layout
             shutil.rmtree(target)
         os.rename(staging, target)

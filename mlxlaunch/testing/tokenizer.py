@@ -7,6 +7,7 @@ to a realistic number of tokens without any download.
 
 from __future__ import annotations
 
+import functools
 import json
 import sysconfig
 from collections.abc import Iterator
@@ -60,6 +61,24 @@ def train_tokenizer(family: TemplateFamily, vocab_size: int) -> Tokenizer:
 
     Added tokens take the ids right after the learned vocabulary, control tokens first.
     """
+    tokenizer = Tokenizer.from_str(_learned_bpe(vocab_size))
+    tokenizer.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in family.control_tokens]
+    )
+    tokenizer.add_tokens(
+        [AddedToken(t, special=False, normalized=False) for t in family.markup_tokens]
+    )
+    return tokenizer
+
+
+@functools.cache
+def _learned_bpe(vocab_size: int) -> str:
+    """The BPE learned from `training_texts()`, serialized, before any family's tokens.
+
+    Training takes seconds and depends on nothing but the size (the texts are fixed), while a
+    test session builds tokenizers for a dozen template families: each process trains once
+    per size and every family starts from a copy.
+    """
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -69,13 +88,7 @@ def train_tokenizer(family: TemplateFamily, vocab_size: int) -> Tokenizer:
         show_progress=False,
     )
     tokenizer.train_from_iterator(training_texts(), trainer)
-    tokenizer.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False) for t in family.control_tokens]
-    )
-    tokenizer.add_tokens(
-        [AddedToken(t, special=False, normalized=False) for t in family.markup_tokens]
-    )
-    return tokenizer
+    return str(tokenizer.to_str())
 
 
 def write_tokenizer(

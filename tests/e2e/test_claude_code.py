@@ -23,7 +23,9 @@ from scripted_mlx import scripted_mlx_command, write_script
 
 from mlxlaunch.testing.demo import DEMO_FILE_TEXT
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# The demo's greeting is one of the quick tier's smoke tests (tests/tiers.py): one real Claude
+# Code round trip through `mlx launch claude`, where npm can install it. The rest: `slow`.
+pytestmark = pytest.mark.e2e
 
 MLX = [sys.executable, "-c", "from mlxlaunch.cli.main import entry; entry()"]
 REQUEST_LINE = re.compile(r"mlxlaunch\.server: msg_\w+ .* status=200")
@@ -85,6 +87,7 @@ def _launch(
     return done, logs[0].read_text()
 
 
+@pytest.mark.slow
 def test_print_mode_answer_comes_from_our_server(
     tmp_path: Path, real_claude: Path, small_model_dir: Path
 ) -> None:
@@ -97,6 +100,7 @@ def test_print_mode_answer_comes_from_our_server(
     assert REQUEST_LINE.search(log), log
 
 
+@pytest.mark.slow
 def test_tool_call_runs_and_its_result_goes_back(
     tmp_path: Path, real_claude: Path, small_model_dir: Path
 ) -> None:
@@ -128,6 +132,7 @@ def test_tool_call_runs_and_its_result_goes_back(
     assert served[1][1] >= prompts[0] - 256, log
 
 
+@pytest.mark.quick  # the smoke test
 def test_the_demo_greets_and_says_what_it_is(tmp_path: Path, real_claude: Path) -> None:
     # The README's first command: the demo answers Claude Code with its own short message.
     done, log = _launch(tmp_path, real_claude, "demo", None, ["-p", "explain this repo"])
@@ -136,6 +141,7 @@ def test_the_demo_greets_and_says_what_it_is(tmp_path: Path, real_claude: Path) 
     assert REQUEST_LINE.search(log), log
 
 
+@pytest.mark.slow
 def test_the_demo_runs_a_real_tool_round_trip(tmp_path: Path, real_claude: Path) -> None:
     done, _ = _launch(
         tmp_path,
