@@ -32,6 +32,12 @@ HYPOTHESIS_PROFILE = load_profile()
 # A suite started in the background by a non-interactive shell (`cmd &`, nohup) inherits SIGINT
 # ignored, and so would every `mlx serve` a test starts, deaf to the Ctrl-C the test sends.
 # A handler here is reset to the default in children at exec, where Python installs its own.
+# pytest-xdist's workers run with COLUMNS=80 and LINES=24 (set for their own output); the CLI
+# honours COLUMNS, so under xdist it would wrap what a plain run prints unwrapped. Tests that
+# want a width set COLUMNS themselves (monkeypatch).
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
+
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 

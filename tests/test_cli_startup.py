@@ -21,6 +21,8 @@ from mlxlaunch.cli.main import COMMANDS, main
 from mlxlaunch.console import MODEL_NAMES_QUERY
 from mlxlaunch.store import list_models
 
+pytestmark = pytest.mark.quick  # each starts a process; all take well under a second
+
 # What no command needs to be listed or to show its help.
 HEAVY = ("textual", "huggingface_hub", "httpx", "httpx2", "pydantic", "mlx", "mlx_lm", "numpy")
 _IMPORTED = re.compile(r"^import time:\s+\d+ \|\s+\d+ \|\s*(\S+)\s*$")

@@ -18,6 +18,8 @@ from mlxlaunch.launch.agent_bin import npm_install_command as agent_npm_command
 from mlxlaunch.launch.claude_bin import npm_install_command as claude_npm_command
 from mlxlaunch.launch.integrations import CODEX, OPENCODE
 
+pytestmark = pytest.mark.quick  # each starts a process; all take well under a second
+
 REPO = Path(__file__).resolve().parents[1]
 
 

@@ -20,6 +20,8 @@ from test_ps_stop import _state
 from mlxlaunch.launch.child import run_child
 from mlxlaunch.launch.state import write_state
 
+pytestmark = pytest.mark.quick  # each starts a process; all take well under a second
+
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 
 

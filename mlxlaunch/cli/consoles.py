@@ -23,6 +23,10 @@ class CliConsole(Console):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._soft_wrap_asked = False
         super().__init__(*args, **kwargs)
+        if kwargs.get("width") is None:
+            # Rich fixes the width from COLUMNS at construction; read it when printing instead,
+            # so a console made at import follows the environment it prints in.
+            self._width = None
 
     def unwrapped(self) -> bool:
         """True when this console prints to a non-terminal and no width was set or asked for."""
