@@ -250,12 +250,14 @@ async def test_both_workloads_run_through_the_real_servers(tiny_model_dir: Path)
     [warning] = warnings
     assert warning.startswith(f"{PEER_DRAFT_NAME} left out of the no-copy workload: ")
     copy, no_copy = figures["workloads"]
-    assert copy["servers"] == [AUTO, BASE, PEER_DRAFT_NAME] and copy["draft_model"] == "copy-tiny"
+    draft = "mlxlaunch --draft-model"
+    assert copy["servers"] == [AUTO, draft, BASE, PEER_DRAFT_NAME]
+    assert copy["draft_model"] == "copy-tiny"
     assert no_copy["servers"] == [AUTO, BASE] and no_copy["draft_model"] is None
     assert "exited with code 2" in no_copy["unavailable"][PEER_DRAFT_NAME]
     assert copy["prompt_tokens"] > 80  # the file's words are tokens of their own
     rows = {(r.workload, r.streams, r.server): r for r in speculative_rows(figures)}
-    assert len(rows) == 2 * 3 + 2 * 3
+    assert len(rows) == 2 * 4 + 2 * 3
     for (workload, _, server), row in rows.items():
         if workload == "no-copy" and server == PEER_DRAFT_NAME:
             assert row.notes[0].startswith("did not start: ") and row.rounds == []
@@ -270,9 +272,11 @@ async def test_both_workloads_run_through_the_real_servers(tiny_model_dir: Path)
         assert per_step is not None and per_step > 1
         assert off.counters is not None and off.counters["drafted_tokens"] == 0
         assert off.tokens_per_step() == 1.0
+        drafted = rows[("copy", streams, draft)].counters
+        assert drafted is not None and drafted["drafted_tokens"] > 0  # from copy-tiny
         assert auto.round_ratios()[0] is not None
         # Greedy: every server wrote the whole reply.
-        for name in (AUTO, BASE, PEER_DRAFT_NAME):
+        for name in (AUTO, draft, BASE, PEER_DRAFT_NAME):
             [level] = [lv for lv in copy["levels"] if lv["streams"] == streams]
             for stream in level["rounds"][0]["results"][name]["streams"]:
                 assert stream["output_tokens"] == 40
