@@ -1,6 +1,6 @@
-"""`mlx bench --quick --model tiny` end to end: both real servers, every workload, the JSON and
-the chart, the restart of both servers as new processes. Checks that the output is complete,
-never how fast anything was."""
+"""`mlx bench --quick --model tiny` end to end: both real servers, every workload (concurrency
+in rounds, speculative decoding), the JSON and the chart, the restart of both servers as new
+processes. Checks that the output is complete, never how fast anything was."""
 
 from __future__ import annotations
 
@@ -88,8 +88,30 @@ def test_quick_bench_prints_the_table_and_writes_a_complete_report(
                 assert 0 < stream["output_tokens"] <= config["concurrency_tokens"]
                 assert 0.7 < stream["prompt_tokens"] / config["concurrency_prompt_tokens"] < 1.3
 
+    # Every level ran in rounds, the server that goes first alternating; each round's ratio
+    # is in the aggregate row.
+    for level in report["workloads"]["concurrency"]:
+        assert len(level["rounds"]) == config["concurrency_rounds"] == 3
+        assert len({r["first"] for r in level["rounds"]}) == 2
+    aggregates = [r for r in report["summary"] if r["metric"] == "aggregate tokens/s"]
+    assert all(len(r["round_speedups"]) == 3 and "slow_rounds" in r for r in aggregates)
+
+    # Speculative decoding: auto beside off on both workloads, the peer's draft model on copy.
+    speculative = report["workloads"]["speculative"]
+    assert [w["workload"] for w in speculative["workloads"]] == ["copy", "no-copy"]
+    rows = {(r["workload"], r["streams"], r["server"]): r for r in speculative["summary"]}
+    for streams in config["speculative_streams"]:
+        assert rows[("copy", streams, "mlxlaunch --speculate auto")]["drafted_tokens"] > 0
+        assert rows[("copy", streams, "mlx_lm.server --draft-model")]["decode_tokens_per_s"]
+        assert rows[("no-copy", streams, "mlxlaunch --speculate off")]["tokens_per_step"] == 1
+    assert "speculative decoding" in done.stdout and "tokens/step" in done.stdout
+
     [table] = out.glob("*.md")
-    assert "| workload | metric | mlxlaunch | mlx_lm.server | ratio | limit |" in table.read_text()
+    text = table.read_text()
+    assert "| workload | metric | mlxlaunch | mlx_lm.server | ratio | limit |" in text
+    assert (
+        "**Speculative decoding**" in text and "| copy | 1 | mlxlaunch --speculate auto |" in text
+    )
 
     [chart] = out.glob("*.svg")
     assert ET.fromstring(chart.read_text()).tag.endswith("svg")

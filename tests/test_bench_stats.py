@@ -10,9 +10,11 @@ from hypothesis import strategies as st
 from mlxlaunch.bench.clients import StreamTiming, on_anthropic_event, on_openai_event
 from mlxlaunch.bench.stats import (
     decode_rate,
+    decode_span_rate,
     intervals,
     percentile,
     speedup,
+    spread,
     summarize,
     throughput,
 )
@@ -54,6 +56,25 @@ def test_summarize_and_rates():
     assert decode_rate([1.0], 1) is None
     assert throughput(10, 2.0) == 5.0
     assert throughput(0, 2.0) is None
+
+
+def test_spread_is_min_median_max_of_the_figures_present():
+    assert spread([3.0, None, 1.0, 2.0]) == {"min": 1.0, "median": 2.0, "max": 3.0}
+    assert spread([4.0, 1.0]) == {"min": 1.0, "median": 2.5, "max": 4.0}
+    assert spread([None]) == {} and spread([]) == {}
+
+
+def test_decode_span_rate_leaves_prefill_out_and_spans_every_stream():
+    # One stream: its own decode rate (the first token is prefill's).
+    assert decode_span_rate([(3, [1.0, 2.0, 3.0])]) == decode_rate([1.0, 2.0, 3.0], 3)
+    # Two streams, 5 and 3 tokens: 4 + 2 decoded tokens from the first token (0.5) to the
+    # last (2.0), whichever stream they belong to.
+    streams = [(5, [0.5, 1.0, 1.5, 1.8, 2.0]), (3, [1.0, 1.5, 1.9])]
+    assert decode_span_rate(streams) == pytest.approx(6 / 1.5)
+    # Output tokens count, not deltas: a server that sends 2 tokens per delta decoded 4.
+    assert decode_span_rate([(5, [1.0, 2.0, 3.0])]) == pytest.approx(2.0)
+    assert decode_span_rate([(1, [1.0])]) is None and decode_span_rate([]) is None
+    assert decode_span_rate([(3, [1.0, 1.0])]) is None  # no time passed
 
 
 def test_speedup_direction():

@@ -44,6 +44,8 @@ RECORDED: dict[str, Any] = {
         "generated_tokens": 5_120,
         "idle_cache_clears": 0,
         "idle_unloads": 0,
+        "drafted_tokens": 1_950,
+        "accepted_tokens": 1_512,
     },
     "cache": {
         "hit_ratio": 0.861,
@@ -81,15 +83,41 @@ RECORDED: dict[str, Any] = {
             "ttft_s": ttft,
             "decode_tps": tps,
             "outcome": outcome,
+            "drafted_tokens": drafted,
+            "accepted_tokens": accepted,
         }
-        for i, (kind, alias, prompt, cached, output, ttft, tps, outcome) in enumerate(
-            [
-                ("title", "claude-haiku-4-5", 412, 0, 12, 0.31, 48.2, "end_turn"),
-                ("main", "claude-sonnet-4-5", 21_904, 0, 388, 24.6, 41.0, "tool_use"),
-                ("main", "claude-sonnet-4-5", 22_512, 21_890, 95, 1.12, 40.4, "tool_use"),
-                ("subagent", "claude-sonnet-4-5", 9_870, 0, 640, 9.8, 39.1, "end_turn"),
-                ("main", "claude-sonnet-4-5", 23_101, 22_498, 211, 1.40, 40.9, "cancelled"),
-            ]
+        for i, (kind, alias, prompt, cached, output, ttft, tps, outcome, drafted, accepted) in (
+            enumerate(
+                [
+                    ("title", "claude-haiku-4-5", 412, 0, 12, 0.31, 48.2, "end_turn", 0, 0),
+                    ("main", "claude-sonnet-4-5", 21_904, 0, 388, 24.6, 41.0, "tool_use", 420, 351),
+                    (
+                        "main",
+                        "claude-sonnet-4-5",
+                        22_512,
+                        21_890,
+                        95,
+                        1.12,
+                        40.4,
+                        "tool_use",
+                        64,
+                        20,
+                    ),
+                    ("subagent", "claude-sonnet-4-5", 9_870, 0, 640, 9.8, 39.1, "end_turn", 0, 0),
+                    (
+                        "main",
+                        "claude-sonnet-4-5",
+                        23_101,
+                        22_498,
+                        211,
+                        1.40,
+                        40.9,
+                        "cancelled",
+                        8,
+                        1,
+                    ),
+                ]
+            )
         )
     ],
 }

@@ -69,7 +69,7 @@ def test_doctor_hosts_reports_each_host_the_plan_and_the_link(
     assert "mlx doctor: cluster" in out
     host = _line(out, "host 127.0.0.1")
     assert " ok " in f" {host} " and "ranks 0,1" in host and "ring: yes" in host
-    assert "mlx 0.32" in host and "model: 3.1 MB" in host and "free" in host
+    assert "mlx 0.32" in host and "model: 3.0 MiB" in host and "free" in host
     assert " ok " in f" {_line(out, 'versions')} "
     plan = _line(out, "shard plan")
     assert "tensor parallel over 2 ranks" in plan

@@ -16,7 +16,6 @@ from typing import Any
 import mlx.core as mx
 import pytest
 from mlx_lm import load
-from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import BatchKVCache
 from transformers import PreTrainedTokenizerFast
 
@@ -28,7 +27,6 @@ from mlxlaunch.engine.runtime.mlx_lm_internals import (
     bound_attention,
     hf_tokenizer_of,
     mlx_lm_version,
-    pending_first_tokens,
     tokenizers_backend_of,
 )
 
@@ -39,28 +37,15 @@ pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model
 def owners(tiny_model_dir: Path) -> Iterator[dict[str, Any]]:
     """A real object for every owner in PRIVATE_NAMES, keyed as the list names it."""
     model, tokenizer = load(str(tiny_model_dir))[:2]
-    generator = BatchGenerator(model, completion_batch_size=2, prefill_batch_size=2)
-    generator.insert([[5, 6, 7, 8, 9]], max_tokens=[4])
-    prompt_ended = False
-    for _ in range(10):  # until the prompt has been prefilled and its first token sampled
-        prompt_responses, _ = generator.next()
-        if any(p.end_of_prompt for p in prompt_responses):
-            prompt_ended = True
-            break
-    assert prompt_ended, "the tiny model's prompt never finished prefilling"
     forward = inspect.signature(type(model).__call__).parameters
     yield {
         "mlx_lm.models.cache.BatchKVCache": BatchKVCache([0]),
-        "mlx_lm.generate.BatchGenerator": generator,
-        "mlx_lm.generate.GenerationBatch": getattr(generator, "_generation_batch", None),
         "mlx_lm.tokenizer_utils.TokenizerWrapper": tokenizer,
         "transformers.PreTrainedTokenizerFast": PreTrainedTokenizerFast,
         "mlx_lm.models.base": importlib.import_module("mlx_lm.models.base"),
         "mlx_lm.models.<model type>": importlib.import_module(type(model).__module__),
         "mlx_lm.models.<model type>.Model.__call__": {n: i for i, n in enumerate(forward)},
-        "_pending": pending_first_tokens(generator),
     }
-    generator.close()
 
 
 def _present(owner: Any, name: str) -> bool:
@@ -76,15 +61,6 @@ def test_each_private_name_the_runtime_uses_exists(
     assert owner is not None and _present(owner, private.name), (
         f"mlx-lm {mlx_lm_version()}: {private.owner} has no `{private.name}` any more "
         f"({private.use}). Adapt mlxlaunch/engine/runtime/mlx_lm_internals.py to this version."
-    )
-
-
-def test_the_first_token_is_readable_before_the_generator_reports_it(
-    owners: dict[str, Any],
-) -> None:
-    assert owners["_pending"], (
-        f"mlx-lm {mlx_lm_version()}: the generation batch's sampled token could not be read "
-        "after its prompt ended (pending_first_tokens): first tokens now wait a decode step"
     )
 
 

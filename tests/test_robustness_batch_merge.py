@@ -4,8 +4,8 @@ When a logits processor decides the token without reading the logits (scripted o
 each token), the sampled tokens do not depend on the forward pass, and mlx-lm evaluated only
 what they depend on: every decode step's forward pass stayed a lazy graph hanging off the KV
 cache, and the first step that read the cache (the long prompt's merge into the batch) ran all
-of them at once — ~4 ms per token decoded so far, every stream frozen meanwhile. The worker now
-evaluates the decoding caches each step (`engine/scheduling/generator_step.py`).
+of them at once — ~4 ms per token decoded so far, every stream frozen meanwhile. The batch now
+evaluates the decoding caches with each step's samples (`engine/scheduling/decode.py`).
 
 Measured on this machine (2 cores shared with other jobs, so +-50% run to run), medium test
 model: plain mlx-lm `BatchGenerator` + `ForcedTokens`, 2,000 tokens decoded, then an
@@ -32,10 +32,9 @@ from engine_helpers import wait_until
 
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
-from mlxlaunch.engine.runtime.mlx_lm_internals import decoding_caches
-from mlxlaunch.engine.scheduling.generator_step import step
+from mlxlaunch.engine.scheduling.batch import Batch
 from mlxlaunch.engine.types import Admitted, ChatMessage, GenerationRequest, Sampling, TextDelta
-from mlxlaunch.testing.scripted import ForcedTokens, LogitsProcessor, ScriptedOutput
+from mlxlaunch.testing.scripted import ForcedTokens, ScriptedOutput
 
 pytestmark = pytest.mark.slow  # the tests load a model
 
@@ -117,31 +116,32 @@ async def test_a_long_prompt_joining_forced_streams_does_not_stall_them(
 
 
 def test_no_lazy_forward_pass_outlives_a_step(medium_model_dir: Path) -> None:
-    """The mechanism, on a bare generator: after each `step` the decoding caches owe nothing,
-    so whatever reads them next (a merge, a finished sequence's cache) waits for no earlier
-    step. Before, reading them after 300 forced tokens ran 300 forward passes (0.8–1.7 s here)."""
+    """The mechanism, on a bare batch: after each step the decoding caches owe nothing but
+    the pass in flight, so whatever reads them next (a merge, a finished sequence's cache)
+    waits for no earlier step. Before, reading them after 300 forced tokens ran 300 forward
+    passes (0.8–1.7 s here)."""
     from mlx_lm import load
-    from mlx_lm.generate import BatchGenerator
+    from mlx_lm.models.cache import make_prompt_cache
 
     model = load(str(medium_model_dir))[0]
-    generator = BatchGenerator(model, completion_batch_size=4, prefill_batch_size=4)
-    try:
-        forced: list[list[LogitsProcessor]] = [
-            [ForcedTokens(list(range(100, 1000)), 0)] for _ in range(STREAMS)
-        ]
-        generator.insert(
-            [[5, 6, 7, 8]] * STREAMS, max_tokens=[1000] * STREAMS, logits_processors=forced
+    batch = Batch(model, stop_tokens=(), width=4, prefill_chunk=512)
+    for _ in range(STREAMS):
+        batch.insert(
+            [5, 6, 7, 8],
+            max_tokens=1000,
+            cache=list(make_prompt_cache(model)),
+            held=[],
+            processors=[ForcedTokens(list(range(100, 1000)), 0)],
         )
-        times = []
-        for _ in range(300):
-            started = time.perf_counter()
-            step(generator, 512)
-            times.append(time.perf_counter() - started)
-        caches = decoding_caches(generator)
-        assert caches, "the decoding batch's caches are not where expected"
+    times = []
+    for _ in range(300):
         started = time.perf_counter()
-        mx.eval([cache.state for cache in caches])
-        owed = time.perf_counter() - started
-        assert owed <= 3 * statistics.median(times) + 0.005, (owed, statistics.median(times))
-    finally:
-        generator.close()
+        batch.step(512)
+        times.append(time.perf_counter() - started)
+    batch.decode.resolve_now()  # the last pass, in flight
+    caches = batch.decode.caches
+    assert caches, "the decoding rows have no caches"
+    started = time.perf_counter()
+    mx.eval([cache.state for cache in caches])
+    owed = time.perf_counter() - started
+    assert owed <= 3 * statistics.median(times) + 0.005, (owed, statistics.median(times))

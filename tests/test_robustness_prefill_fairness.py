@@ -229,29 +229,26 @@ async def test_a_long_prefill_slows_running_streams_by_at_most_about_2x(
 def test_a_zero_slice_step_decodes_alone_and_a_slice_bounds_the_chunk(
     tiny_model_dir: Path,
 ) -> None:
-    """The mlx-lm behaviour pacing relies on: `prefill_step_size` is read at every step, and 0
-    makes a step decode only (a tripwire for mlx-lm upgrades)."""
+    """What pacing relies on: a step's slice bounds how much of each prompt it prefills, and
+    0 makes it a decode step alone."""
     from mlx_lm import load
-    from mlx_lm.generate import BatchGenerator
+    from mlx_lm.models.cache import make_prompt_cache
 
-    from mlxlaunch.engine.runtime.mlx_lm_internals import set_prefill_slice
+    from mlxlaunch.engine.scheduling.batch import Batch
 
     model = load(str(tiny_model_dir))[0]
-    generator = BatchGenerator(model, completion_batch_size=2, prefill_batch_size=2)
-    try:
-        generator.insert([[5, 6, 7]], max_tokens=[100])
-        for _ in range(5):  # until the short prompt decodes
-            _, decoded = generator.next()
-            if decoded:
-                break
-        assert decoded
-        rng = random.Random(0)
-        generator.insert([[rng.randrange(100, 1000) for _ in range(600)]], max_tokens=[2])
-        assert set_prefill_slice(generator, 0)
-        prompts, decoded = generator.next()
-        assert decoded and all(p.progress[0] == 0 for p in prompts if not p.end_of_prompt)
-        assert set_prefill_slice(generator, 24)
-        prompts, decoded = generator.next()
-        assert decoded and [p.progress[0] for p in prompts] == [24]
-    finally:
-        generator.close()
+    batch = Batch(model, stop_tokens=(), width=2, prefill_chunk=512)
+    fresh = lambda: list(make_prompt_cache(model))  # noqa: E731
+    batch.insert([5, 6, 7], max_tokens=100, cache=fresh(), held=[])
+    for _ in range(5):  # until the short prompt decodes
+        _, decoded = batch.step(512)
+        if decoded:
+            break
+    assert decoded
+    rng = random.Random(0)
+    long_prompt = [rng.randrange(100, 1000) for _ in range(600)]
+    batch.insert(long_prompt, max_tokens=2, cache=fresh(), held=[])
+    prompts, decoded = batch.step(0)
+    assert decoded and not prompts
+    prompts, decoded = batch.step(24)
+    assert decoded and [(p.done, p.ended) for p in prompts] == [(24, False)]

@@ -12,10 +12,10 @@ from engine_helpers import wait_until
 from mlx_lm import load
 from mlx_lm.models.cache import make_prompt_cache
 
-import mlxlaunch.engine.runtime.warmup as warmup_module
+import mlxlaunch.engine.scheduling.warmup as warmup_module
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
-from mlxlaunch.engine.runtime.warmup import warm_up
+from mlxlaunch.engine.scheduling.warmup import warm_up
 from mlxlaunch.engine.types import ChatMessage, GenerationRequest
 from mlxlaunch.testing.failing import ForwardFailures, fail_forward
 

@@ -19,6 +19,8 @@ class BenchConfig:
         decode_tokens: tokens per single-stream decode run.
         decode_runs: single-stream decode runs per server.
         concurrency: numbers of simultaneous streams.
+        concurrency_rounds: times each concurrency level runs on each server, the server that
+            goes first alternating, so one stalled round shows instead of averaging away.
         concurrency_tokens: tokens each concurrent stream generates.
         concurrency_prompt_tokens: prompt size of each concurrent stream (about; every stream
             has a prompt of its own, so nothing is shared between them).
@@ -31,6 +33,15 @@ class BenchConfig:
         codex_session: after the Claude Code workloads, on the same servers and model, Codex
             CLI's captured requests grown by a function call and its output per turn, over
             `/v1/responses` (`bench.codex_session`); `turns` turns.
+        speculative: our server with `--speculate auto` beside `--speculate off`, on a copy
+            workload (the `copy` test model rewriting a file) and on the decode prompt of the
+            run's own model (`bench.speculative`).
+        speculative_streams: simultaneous streams of the speculative workloads.
+        speculative_rounds: rounds of each speculative workload and stream count.
+        speculative_file_words: words of the file the copy workload rewrites.
+        speculative_edit_every: every n-th word of that file is changed (an edit to copy around).
+        speculative_tokens: tokens each stream of the copy workload writes (the no-copy
+            workload writes `decode_tokens`).
     """
 
     quick: bool = False
@@ -43,10 +54,17 @@ class BenchConfig:
     concurrency: tuple[int, ...] = (1, 2, 4, 8)
     concurrency_tokens: int = 48
     concurrency_prompt_tokens: int = 2_000
+    concurrency_rounds: int = 3
     restart: bool = True
     restart_wait_s: float = 3.0
     tool_loop: bool = True
     codex_session: bool = True
+    speculative: bool = True
+    speculative_streams: tuple[int, ...] = (1, 4)
+    speculative_rounds: int = 3
+    speculative_file_words: int = 400
+    speculative_edit_every: int = 20
+    speculative_tokens: int = 256
 
     @classmethod
     def create(cls, *, quick: bool = False, **overrides: Any) -> BenchConfig:
@@ -68,14 +86,26 @@ class BenchConfig:
             concurrency=(1, 2, 4, 8),
             concurrency_tokens=12,
             concurrency_prompt_tokens=500,
+            # Short rounds: three of them cost a few seconds and show a stall as a full run does.
+            concurrency_rounds=3,
+            speculative_rounds=2,
+            speculative_file_words=120,
+            speculative_tokens=48,
         )
 
     def __post_init__(self) -> None:
-        if self.turns < 1 or self.decode_runs < 1 or self.warm_sessions < 1:
-            raise ValueError("turns, decode_runs and warm_sessions must be at least 1")
+        repeats = (self.turns, self.decode_runs, self.warm_sessions, self.concurrency_rounds,
+                   self.speculative_rounds)  # fmt: skip
+        if min(repeats) < 1:
+            raise ValueError("turns, decode_runs, warm_sessions and the rounds must be at least 1")
         if not self.concurrency or min(self.concurrency) < 1:
             raise ValueError("concurrency levels must be positive")
-        counts = (self.turn_max_tokens, self.decode_tokens, self.concurrency_tokens)
+        if not self.speculative_streams or min(self.speculative_streams) < 1:
+            raise ValueError("speculative stream counts must be positive")
+        if self.speculative_file_words < 1 or self.speculative_edit_every < 0:
+            raise ValueError("the copy workload's file needs words (and edits every n ≥ 0)")
+        counts = (self.turn_max_tokens, self.decode_tokens, self.concurrency_tokens,
+                  self.speculative_tokens)  # fmt: skip
         if min(*counts, self.concurrency_prompt_tokens) < 1:
             raise ValueError("token counts must be at least 1")
         if self.restart_wait_s < 0:
@@ -85,4 +115,5 @@ class BenchConfig:
         """For the JSON report."""
         data = asdict(self)
         data["concurrency"] = list(self.concurrency)
+        data["speculative_streams"] = list(self.speculative_streams)
         return data

@@ -32,6 +32,12 @@ from mlxlaunch.bench.runner import (
     measure_servers,
     server_steps,
 )
+from mlxlaunch.bench.speculative import (
+    run_speculative,
+    speculative_workloads,
+    start_draft_peers,
+)
+from mlxlaunch.bench.speculative_report import SpecRow, speculative_rows
 from mlxlaunch.bench.summary import SummaryRow, summary_rows
 from mlxlaunch.bench.tool_loop import run_tool_loop, tool_loop_size
 from mlxlaunch.engine.config import default_prefill_chunk
@@ -85,6 +91,7 @@ class BenchOutcome:
     ours: str
     peer: str | None
     warnings: list[str]
+    speculative: list[SpecRow] = field(default_factory=list)  # its own table
 
 
 def _codex_targets(
@@ -104,8 +111,8 @@ def _codex_targets(
 async def run_benchmark(
     options: BenchOptions, progress: ProgressSink | None = None
 ) -> BenchOutcome:
-    """Run every workload on our server and (unless disabled) mlx-lm's, alternating; the
-    tool loop last, on servers and a model of its own."""
+    """Run every workload on our server and (unless disabled) mlx-lm's, alternating; then
+    speculative decoding and the tool loop, each on servers and models of its own."""
     progress = progress or SilentProgress()
     with tempfile.TemporaryDirectory(prefix="mlx-bench-cache-") as cache_dir:
         return await _run(options, progress, Path(cache_dir))
@@ -123,9 +130,16 @@ async def _run(options: BenchOptions, progress: ProgressSink, cache_dir: Path) -
     targets: list[Target] = []
     target_info: dict[str, dict[str, Any]] = {}
     restart: dict[str, Any] = {}
+    spec_workloads = (
+        speculative_workloads(config, options.model_dir, options.model_name)
+        if config.speculative and not options.url
+        else []
+    )
+    draft_peers: dict[str, PeerServer] = {}
     try:
         if peer:
             peer.start()  # loads in its own process while we load ours below
+            draft_peers = start_draft_peers(spec_workloads)  # they wait idle until their turn
         progress.begin("loading the model in-process", 1)
         model = InProcessModel(options.model_dir, prefill_chunk=default_prefill_chunk())
         plan = build_plan(config, chars_per_token=model.chars_per_token())
@@ -202,8 +216,8 @@ async def _run(options: BenchOptions, progress: ProgressSink, cache_dir: Path) -
             local = None  # stopped above (the peer's stop() is idempotent)
             progress.advance()
         servers["restart"] = restart
-        if plan.tool_loop:
-            # Its own model and servers, alone on the machine: stop these first.
+        if config.speculative or plan.tool_loop:
+            # Their own models and servers, alone on the machine: stop these first.
             for target in targets:
                 await target.aclose()
             targets = []
@@ -212,6 +226,22 @@ async def _run(options: BenchOptions, progress: ProgressSink, cache_dir: Path) -
                 local = None
             if peer:
                 peer.stop()
+        if config.speculative and options.url:
+            warnings.append(
+                "speculative decoding left out: it compares servers started here with "
+                "--speculate auto and off, not the server at --url"
+            )
+        elif spec_workloads:
+            servers["speculative"], spec_warnings = await run_speculative(
+                spec_workloads,
+                rounds=config.speculative_rounds,
+                progress=progress,
+                peers=draft_peers,
+                peer_timeout_s=options.peer_timeout_s,
+                engine_options=options.engine_options(),
+            )
+            warnings += spec_warnings
+        if plan.tool_loop:
             if options.url:
                 warnings.append(
                     "tool-loop left out: it runs on a test model of its own, which the server "
@@ -235,6 +265,8 @@ async def _run(options: BenchOptions, progress: ProgressSink, cache_dir: Path) -
             local.stop()
         if peer:
             peer.stop()
+        for draft_peer in draft_peers.values():
+            draft_peer.stop()
     rows = summary_rows(servers, limits)
     peer_name = PEER_NAME if options.peer and PEER_NAME in servers["targets"] else None
     report = build_report(
@@ -250,5 +282,11 @@ async def _run(options: BenchOptions, progress: ProgressSink, cache_dir: Path) -
         started=started_at,
         elapsed_s=time.perf_counter() - start,
     )
+    speculative = servers.get("speculative", {})
+    spec_rows = speculative_rows(speculative) if speculative else []
+    summary = [row.as_dict() for row in spec_rows]
+    report["workloads"]["speculative"] = {**speculative, "summary": summary}
     report["warnings"] = warnings
-    return BenchOutcome(report, rows, servers, limits, OURS_NAME, peer_name, warnings)
+    return BenchOutcome(
+        report, rows, servers, limits, OURS_NAME, peer_name, warnings, speculative=spec_rows
+    )

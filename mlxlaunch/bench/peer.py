@@ -1,7 +1,8 @@
 """mlx-lm's own server as the peer: started on loopback as a child process, stopped after.
 
 It runs exactly as a user would run it (`python -m mlx_lm.server --model DIR --port P`, default
-flags), in the same environment, so it gets the same BLAS and thread settings as the bench.
+flags, plus `--draft-model` in the speculative workload), in the same environment, so it gets
+the same BLAS and thread settings as the bench.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from mlxlaunch.bench.child import ChildServer
 from mlxlaunch.errors import MlxLaunchError
 
 PEER_NAME = "mlx_lm.server"
+# The peer as the speculative workload runs it: drafting with a small model.
+PEER_DRAFT_NAME = f"{PEER_NAME} --draft-model"
 
 
 class PeerFailed(MlxLaunchError):
@@ -37,11 +40,14 @@ class PeerServer(ChildServer):
 
     log_prefix = "mlx-bench-peer-"
 
-    def __init__(self, model_dir: str | Path, *, port: int | None = None) -> None:
+    def __init__(
+        self, model_dir: str | Path, *, port: int | None = None, extra_args: tuple[str, ...] = ()
+    ) -> None:
         super().__init__()
         self.model_dir = str(model_dir)
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.extra_args = extra_args  # beyond the defaults, e.g. `--draft-model DIR`
 
     def command(self) -> list[str]:
         """The command line the peer runs with."""
@@ -50,6 +56,7 @@ class PeerServer(ChildServer):
             "--model", self.model_dir,
             "--host", "127.0.0.1",
             "--port", str(self.port),
+            *self.extra_args,
         ]  # fmt: skip
 
     def wait_ready(self, timeout_s: float = 300.0) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from rich.table import Table
 
-from mlxlaunch.bench.report import format_speedup, format_value, markdown_heading, plain_value
+from mlxlaunch.bench.report import format_value, markdown_heading, plain_value, ratio_cell
 from mlxlaunch.bench.summary import SummaryRow
 
 
@@ -40,7 +40,7 @@ def render_rank_table(rows: list[SummaryRow], names: Sequence[str], title: str) 
             note = row.notes.get(name)
             cells.append(f"{cell} [dim]({note})[/]" if note else cell)
         for name in others:
-            cells.append(format_speedup(row.speedup(name, base)) if row.values else "")
+            cells.append(ratio_cell(row, name, base) if row.values else "")
         cells.append(format_value(row.limit, row.unit) if row.limit is not None else "")
         table.add_row(*cells)
         previous = row.workload
@@ -63,8 +63,7 @@ def rank_markdown(report: dict[str, Any], rows: list[SummaryRow]) -> str:
             note = row.notes.get(name)
             cells.append(f"{cell} ({note})" if note and cell else cell)
         for name in others:
-            ratio = row.speedup(name, base) if row.values else None
-            cells.append(f"{ratio:.2f}×" if ratio is not None else "")
+            cells.append(ratio_cell(row, name, base, markup=False) if row.values else "")
         cells.append(plain_value(row.limit, row.unit) if row.limit is not None else "")
         lines.append("| " + " | ".join(cells) + " |")
         previous = row.workload

@@ -9,7 +9,8 @@ from typing import Any
 
 from rich.table import Table
 
-from mlxlaunch.bench.summary import SummaryRow
+from mlxlaunch.bench.stats import spread
+from mlxlaunch.bench.summary import SLOW_ROUND_RATIO, SummaryRow, format_rate
 
 SCHEMA = "mlxlaunch.bench/1"
 
@@ -24,7 +25,7 @@ def format_value(value: float | None, unit: str) -> str:
         return f"{value:.1f} ms"
     if unit == "%":
         return f"{value:.2%}"
-    return f"{value:.0f} tok/s" if value >= 100 else f"{value:.1f} tok/s"
+    return f"{format_rate(value)} tok/s"
 
 
 def format_speedup(value: float | None) -> str:
@@ -36,6 +37,31 @@ def format_speedup(value: float | None) -> str:
     return f"[{style}]{text}[/]" if style else text
 
 
+def ratio_cell(row: SummaryRow, ours: str, base: str, *, markup: bool = True) -> str:
+    """The ratio of `ours` to `base` on `row`; for a row run in rounds, the range of the
+    per-round ratios and the rounds below SLOW_ROUND_RATIO, marked (their ratios are in
+    `slow_round_notes`); plain text for Markdown."""
+    ratio = row.speedup(ours, base)
+    if ratio is None:
+        return "—" if markup else ""
+    text = format_speedup(ratio) if markup else f"{ratio:.2f}×"
+    ratios = row.round_speedups(ours, base)
+    low_high = spread(ratios)
+    if len(ratios) > 1 and low_high:
+        span = f"({low_high['min']:.2f}–{low_high['max']:.2f})"
+        text += f" [dim]{span}[/]" if markup else f" {span}"
+    slow = row.slow_rounds(ours, base)
+    if slow:
+        numbers = ", ".join(str(number) for number, _ in slow)
+        mark = f"round{'s' if len(slow) > 1 else ''} {numbers} < {SLOW_ROUND_RATIO}×"
+        text += f" [bold red]{mark}[/]" if markup else f"; {mark}"
+    return text
+
+
+# Said under a table with rows run in rounds.
+ROUNDS_CAPTION = "concurrency: median of the rounds, ratio (min–max) of the rounds"
+
+
 def render_table(rows: list[SummaryRow], ours: str, peer: str | None, title: str) -> Table:
     """The summary table: a column per server, their ratio, and the in-process limit.
 
@@ -44,6 +70,8 @@ def render_table(rows: list[SummaryRow], ours: str, peer: str | None, title: str
     caption = "limit: in-process prefill floor / decode ceiling"
     if peer:
         caption = "speedup > 1: ours better · " + caption
+        if any(row.rounds for row in rows):
+            caption += " · " + ROUNDS_CAPTION
     table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     table.add_column("workload", style="bold")
     table.add_column("metric")
@@ -60,7 +88,7 @@ def render_table(rows: list[SummaryRow], ours: str, peer: str | None, title: str
             note = row.notes.get(name)
             cells.append(f"{cell} [dim]({note})[/]" if note else cell)
         if peer:
-            cells.append(format_speedup(row.speedup(ours, peer)) if row.values else "")
+            cells.append(ratio_cell(row, ours, peer) if row.values else "")
         cells.append(format_value(row.limit, row.unit) if row.limit is not None else "")
         table.add_row(*cells)
         previous = row.workload
@@ -136,7 +164,23 @@ def caveats(rows: list[SummaryRow], ours: str, peer: str | None, *, quick: bool)
         ]
         if slower:
             notes.append(f"{peer} was faster in this run on: " + "; ".join(slower))
+        notes += slow_round_notes(rows, ours, peer)
     return notes
+
+
+def slow_round_notes(rows: list[SummaryRow], ours: str, base: str) -> list[str]:
+    """One note naming every round of every row below SLOW_ROUND_RATIO (none: no note)."""
+    slow = [
+        f"{row.workload} round {number} ({ratio:.2f}×)"
+        for row in rows
+        for number, ratio in row.slow_rounds(ours, base)
+    ]
+    if not slow:
+        return []
+    return [
+        f"rounds below {SLOW_ROUND_RATIO}× {base} (a stall shows here, not in the median): "
+        + "; ".join(slow)
+    ]
 
 
 def markdown_heading(report: dict[str, Any]) -> list[str]:
@@ -180,8 +224,7 @@ def markdown_table(report: dict[str, Any], rows: list[SummaryRow]) -> str:
             note = row.notes.get(name)
             cells.append(f"{cell} ({note})" if note and cell else cell)
         if peer:
-            ratio = row.speedup(ours, peer) if row.values else None
-            cells.append(f"{ratio:.2f}×" if ratio is not None else "")
+            cells.append(ratio_cell(row, ours, peer, markup=False) if row.values else "")
         cells.append(plain_value(row.limit, row.unit) if row.limit is not None else "")
         lines.append("| " + " | ".join(cells) + " |")
         previous = row.workload

@@ -1,7 +1,9 @@
 """Runs the workloads: in-process limits first, then both servers, alternating request by request.
 
 Alternating (ours, peer, then peer, ours, ...) spreads background noise over both servers evenly.
-Each server keeps its own caches, so interleaving does not disturb what either can reuse.
+Each server keeps its own caches, so interleaving does not disturb what either can reuse. Each
+concurrency level runs in rounds, the server that goes first alternating, so a stalled round
+shows as one bad round instead of a lower average.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def limit_steps(config: BenchConfig) -> int:
 def server_steps(config: BenchConfig, targets: int) -> int:
     """Steps of the server phase for `targets` servers."""
     per_target = 2 + config.turns + config.warm_sessions + config.decode_runs
-    return targets * (per_target + len(config.concurrency))
+    return targets * (per_target + len(config.concurrency) * config.concurrency_rounds)
 
 
 def measure_limits(
@@ -85,18 +87,23 @@ def measure_limits(
     }
 
 
+def order_of(targets: Sequence[Target], step: int) -> list[Target]:
+    """The order targets run in at `step`: rotated by one each step (two targets alternate)."""
+    shift = step % len(targets) if targets else 0
+    return [*targets[shift:], *targets[:shift]]
+
+
 async def alternate(
     targets: Sequence[Target], step: int, run: Callable[[Target], Awaitable[T]]
 ) -> dict[str, T]:
-    """Run `run` on every target, one after another, in an order that flips every step."""
-    order = list(targets) if step % 2 == 0 else list(reversed(targets))
+    """Run `run` on every target, one after another, in an order that changes every step."""
     results: dict[str, T] = {}
-    for target in order:
+    for target in order_of(targets, step):
         results[target.name] = await run(target)
     return {t.name: results[t.name] for t in targets}
 
 
-async def _measure_streams(
+async def measure_streams(
     target: Target, prompts: Sequence[Conversation], max_tokens: int, clock: Callable[[], float]
 ) -> dict[str, Any]:
     """Streams started together on one server, one per prompt; their timings and the wall
@@ -154,9 +161,14 @@ async def measure_servers(
         prompts = plan.streams.get(streams) or [short_chat(i + 1) for i in range(streams)]
 
         def run(target: Target, p: list[Conversation] = prompts) -> Awaitable[dict[str, Any]]:
-            return _measure_streams(target, p, config.concurrency_tokens, clock)
+            return measure_streams(target, p, config.concurrency_tokens, clock)
 
-        concurrency.append({"streams": streams, "results": await each(run)})
+        rounds = []
+        for number in range(1, config.concurrency_rounds + 1):
+            first = order_of(targets, step)[0].name
+            rounds.append({"round": number, "first": first, "results": await each(run)})
+        # `results`: the first round, the shape of reports from before rounds.
+        concurrency.append({"streams": streams, "results": rounds[0]["results"], "rounds": rounds})
     names = [t.name for t in targets]
     return {
         "targets": names,

@@ -72,3 +72,30 @@ def speedup(ours: float | None, peer: float | None, *, higher_is_better: bool) -
     if ours is None or peer is None or ours <= 0 or peer <= 0:
         return None
     return ours / peer if higher_is_better else peer / ours
+
+
+def spread(values: Sequence[float | None]) -> dict[str, float]:
+    """min, median and max of the figures present in `values` (an empty dict for none): what
+    a workload repeated in rounds reports, so one bad round shows instead of averaging away."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return {}
+    return {"min": min(present), "median": percentile(present, 50), "max": max(present)}
+
+
+def decode_span_rate(streams: Sequence[tuple[int, Sequence[float]]]) -> float | None:
+    """Decode tokens per second of streams that ran together: each stream's tokens after its
+    first, over the span from the earliest first token to the latest last one.
+
+    `streams` holds each stream's output tokens and its tokens' arrival times (seconds from
+    the same start). One stream: its `decode_rate`. Prefill before the first token is left
+    out; a stream's prefill while others decode is not (the machine spent it).
+    """
+    timed = [(tokens, times) for tokens, times in streams if tokens >= 2 and len(times) >= 2]
+    if not timed:
+        return None
+    start = min(times[0] for _, times in timed)
+    end = max(times[-1] for _, times in timed)
+    if end <= start:
+        return None
+    return sum(tokens - 1 for tokens, _ in timed) / (end - start)

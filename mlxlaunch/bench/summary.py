@@ -7,8 +7,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlxlaunch.bench.stats import intervals, percentile, speedup, summarize, throughput
+from mlxlaunch.bench.stats import intervals, percentile, speedup, spread, summarize, throughput
 from mlxlaunch.bench.workloads import TURN_KINDS
+
+# A round where ours did worse than this times the peer is marked in the report: well outside
+# the noise of this machine's rounds (0.7–1.3×), where a stall shows.
+SLOW_ROUND_RATIO = 0.8
 
 
 @dataclass
@@ -25,18 +29,33 @@ class SummaryRow:
     # False where a ratio would mislead: inter-token gaps of a server that sends tokens in
     # bursts are ~0, which says nothing about its speed.
     compare: bool = True
+    # A workload run in rounds: each server's figure per round. `values` then holds their
+    # medians, and the ratio is the median of the per-round ratios.
+    rounds: dict[str, list[float | None]] = field(default_factory=dict)
 
     def speedup(self, ours: str, peer: str) -> float | None:
         """How many times better `ours` is than `peer` on this row (>1: ours is better)."""
         if not self.compare:
             return None
+        if self.rounds:
+            return spread(self.round_speedups(ours, peer)).get("median")
         return speedup(
             self.values.get(ours), self.values.get(peer), higher_is_better=self.higher_is_better
         )
 
+    def round_speedups(self, ours: str, peer: str) -> list[float | None]:
+        """The ratio of each round (empty for a row without rounds)."""
+        pairs = zip(self.rounds.get(ours, []), self.rounds.get(peer, []), strict=False)
+        return [speedup(a, b, higher_is_better=self.higher_is_better) for a, b in pairs]
+
+    def slow_rounds(self, ours: str, peer: str) -> list[tuple[int, float]]:
+        """(round number, ratio) of each round below SLOW_ROUND_RATIO."""
+        ratios = enumerate(self.round_speedups(ours, peer), start=1)
+        return [(n, r) for n, r in ratios if r is not None and r < SLOW_ROUND_RATIO]
+
     def as_dict(self, ours: str, peer: str) -> dict[str, Any]:
-        """For the JSON report."""
-        return {
+        """For the JSON report (the fields of a row with rounds come on top of the others)."""
+        data = {
             "workload": self.workload,
             "metric": self.metric,
             "unit": self.unit,
@@ -46,6 +65,16 @@ class SummaryRow:
             "speedup": self.speedup(ours, peer),
             "notes": self.notes,
         }
+        if self.rounds:
+            ratios = self.round_speedups(ours, peer)
+            data |= {
+                "rounds": self.rounds,
+                "spread": {name: spread(figures) for name, figures in self.rounds.items()},
+                "round_speedups": ratios,
+                "round_speedup_spread": spread(ratios),
+                "slow_rounds": [n for n, _ in self.slow_rounds(ours, peer)],
+            }
+        return data
 
 
 def _p(values: Iterable[float | None], p: float) -> float | None:
@@ -292,23 +321,61 @@ def concurrency_figures(run: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def level_rounds(level: dict[str, Any]) -> list[dict[str, Any]]:
+    """A concurrency level's rounds (a report from before rounds has its one run only)."""
+    return level.get("rounds") or [{"round": 1, "results": level["results"]}]
+
+
+def _pooled(rounds: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    """One server's streams of every round as one run, with the median round's wall time."""
+    runs = [r["results"][name] for r in rounds]
+    return {
+        "wall_s": percentile([run["wall_s"] for run in runs], 50),
+        "streams": [stream for run in runs for stream in run["streams"]],
+    }
+
+
+def _rounds_note(figures: list[float | None]) -> str:
+    """ "median of 3 rounds, 180–210" (nothing for a single round)."""
+    numbers = spread(figures)
+    if len(figures) < 2 or not numbers:
+        return ""
+    low, high = (format_rate(numbers[k]) for k in ("min", "max"))
+    return f"median of {len(figures)} rounds, {low}–{high}"
+
+
+def format_rate(value: float) -> str:
+    """A rate without a unit: whole numbers from 100 up, one decimal below."""
+    return f"{value:.0f}" if value >= 100 else f"{value:.1f}"
+
+
 def _concurrency_rows(servers: dict[str, Any]) -> list[SummaryRow]:
     names: list[str] = servers["targets"]
     rows = []
     for level in servers["concurrency"]:
         k = level["streams"]
-        figures = {n: concurrency_figures(level["results"][n]) for n in names}
-        errors = {n: f"{f['errors']} failed" for n, f in figures.items() if f["errors"]}
+        rounds = level_rounds(level)
+        pooled = {n: _pooled(rounds, n) for n in names}
+        figures = {n: concurrency_figures(pooled[n]) for n in names}
+        per_round = {
+            n: [concurrency_figures(r["results"][n])["aggregate_tokens_per_s"] for r in rounds]
+            for n in names
+        }
+        notes = {n: _rounds_note(per_round[n]) for n in names}
+        for n, f in figures.items():
+            if f["errors"]:
+                notes[n] = ", ".join(filter(None, [f"{f['errors']} failed", notes[n]]))
         label = f"concurrency {k}"
-        sizes = {n: _stream_sizes(level["results"][n]) for n in names}
+        sizes = {n: _stream_sizes(rounds[0]["results"][n]) for n in names}
         rows += [
             SummaryRow(
                 label, "wall time, all streams", "s", False,
-                {n: level["results"][n]["wall_s"] for n in names}, notes=sizes,
+                {n: pooled[n]["wall_s"] for n in names}, notes=sizes,
             ),
             SummaryRow(
                 label, "aggregate tokens/s", "tok/s", True,
-                {n: figures[n]["aggregate_tokens_per_s"] for n in names}, notes=errors,
+                {n: spread(per_round[n]).get("median") for n in names},
+                notes={n: note for n, note in notes.items() if note}, rounds=per_round,
             ),
             SummaryRow(
                 label, "per-stream tokens/s p50", "tok/s", True,

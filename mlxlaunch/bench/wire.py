@@ -24,6 +24,11 @@ TEMPERATURE = 1.0
 REASONING_FIELD = "reasoning_content"
 
 
+def temperature_of(conversation: Conversation) -> float:
+    """The temperature a request of `conversation` asks for."""
+    return TEMPERATURE if conversation.temperature is None else conversation.temperature
+
+
 def anthropic_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     """Messages in Anthropic form: reasoning becomes a `thinking` block, tool calls become
     `tool_use` blocks, tool messages become `tool_result` blocks of one user turn (consecutive
@@ -80,7 +85,7 @@ def anthropic_body(
         "model": model,
         "max_tokens": max_tokens,
         "stream": True,
-        "temperature": TEMPERATURE,
+        "temperature": temperature_of(conversation),
         "system": conversation.system,
         "messages": anthropic_messages(conversation.messages),
     }
@@ -146,7 +151,7 @@ def openai_body(
         "max_tokens": max_tokens,
         "stream": True,
         "stream_options": {"include_usage": True},
-        "temperature": TEMPERATURE,
+        "temperature": temperature_of(conversation),
         "messages": openai_messages(conversation),
         # Rendered as our server renders with thinking on or off.
         "chat_template_kwargs": {"enable_thinking": conversation.thinking},

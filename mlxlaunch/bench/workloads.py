@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from mlxlaunch.bench.prompt import AgentPrompt
@@ -34,17 +34,19 @@ _WORDS = (
 
 @dataclass
 class Conversation:
-    """One request's worth of conversation: system text, tools and messages, and whether the
-    request asks for thinking (Claude Code does; the other workloads leave it off)."""
+    """One request's worth of conversation: system text, tools and messages, whether the
+    request asks for thinking (Claude Code does; the other workloads leave it off), and its
+    temperature (None: the bench's default, `wire.TEMPERATURE`)."""
 
     system: str
     tools: tuple[ToolSpec, ...]
     messages: list[ChatMessage] = field(default_factory=list)
     thinking: bool = False
+    temperature: float | None = None
 
     def with_messages(self, *extra: ChatMessage) -> Conversation:
         """A copy with `extra` messages appended (the original is left as it was)."""
-        return Conversation(self.system, self.tools, [*self.messages, *extra], self.thinking)
+        return replace(self, messages=[*self.messages, *extra])
 
 
 def tool_result_text(turn: int, chars: int) -> str:
@@ -136,6 +138,21 @@ def stream_prompt(level: int, index: int, chars: int) -> Conversation:
                 content=f"Stream {level}.{index}: explain what this file does.\n\n{source}",
             )
         ],
+    )
+
+
+def file_rewrite(file_text: str, level: int, index: int) -> Conversation:
+    """Stream `index` at `level` of the copy workload: a file in the prompt and "Rewrite it."
+    — what an agent's Write of a file it just read asks of the model. Greedy, so every server
+    writes the same reply; the stream's own first line keeps prompts apart."""
+    request = (
+        f"Stream {level}.{index}: here is {PROJECT}/src/module.py:\n\n{file_text}\n\nRewrite it."
+    )
+    return Conversation(
+        system="You are a helpful coding assistant.",
+        tools=(),
+        messages=[ChatMessage(role="user", content=request)],
+        temperature=0.0,
     )
 
 

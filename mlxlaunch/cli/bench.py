@@ -88,6 +88,17 @@ def bench(
     concurrency_tokens: Annotated[
         int | None, typer.Option(min=1, help="Tokens each concurrent stream generates.")
     ] = None,
+    rounds: Annotated[
+        int | None,
+        typer.Option(min=1, help="Rounds of each concurrency level and speculative workload."),
+    ] = None,
+    speculative: Annotated[
+        bool,
+        typer.Option(
+            "--speculative/--no-speculative",
+            help="Compare --speculate auto with off on a copy workload and a no-copy one.",
+        ),
+    ] = True,
     restart: Annotated[
         bool,
         typer.Option(
@@ -161,10 +172,13 @@ def bench(
 
     Every workload runs on this project's server and on mlx-lm's `mlx_lm.server` with the same
     model and prompts, alternating; the table shows both and their ratio, next to the
-    in-process limits (prefill floor, decode ceiling). Codex CLI's captured session follows on
-    the same servers over /v1/responses (a server without that API is reported as such). Last,
-    each server is restarted as a new process (ours on the same prefix-cache directory) and a
-    new session's first turn is timed.
+    in-process limits (prefill floor, decode ceiling). Each concurrency level runs --rounds
+    times, so a stalled round shows. Codex CLI's captured session follows on the same servers
+    over /v1/responses (a server without that API is reported as such). Then each server is
+    restarted as a new process (ours on the same prefix-cache directory) and a new session's
+    first turn is timed. Last, speculative decoding: ours with --speculate auto beside off on
+    a copy workload (a test model rewriting a file) and on this model's decode prompt, with
+    `mlx_lm.server --draft-model` on the copy workload, in a table of its own.
 
     Examples:
 
@@ -178,8 +192,8 @@ def bench(
 
     With --hosts (or --hostfile) the workloads run once per rank count instead, each alone:
     `mlx serve` as one process, then `mlx serve --hosts` on the first k hosts; the table shows
-    every rank count and its ratio to the first. mlx-lm's server and the tool loop are left
-    out.
+    every rank count and its ratio to the first. mlx-lm's server, the tool loop and
+    speculative decoding are left out.
     """
     from mlxlaunch.cluster.hosts import cluster_from_options
 
@@ -200,6 +214,9 @@ def bench(
         concurrency=_levels(concurrency) if concurrency else None,
         concurrency_prompt_tokens=concurrency_prompt_tokens,
         concurrency_tokens=concurrency_tokens,
+        concurrency_rounds=rounds,
+        speculative_rounds=rounds,
+        speculative=speculative,
         restart=restart,
         tool_loop=tool_loop,
         codex_session=codex_session,
@@ -232,7 +249,23 @@ def bench(
     console.print(render_table(outcome.rows, outcome.ours, outcome.peer, _title(report, model)))
     for caveat in caveats(outcome.rows, outcome.ours, outcome.peer, quick=quick):
         console.print(f"[yellow]note:[/] {caveat}", highlight=False)
-    _write(out, report, markdown_table(report, outcome.rows), outcome, model, console)
+    table = markdown_table(report, outcome.rows)
+    if outcome.speculative:
+        table += "\n" + _print_speculative(outcome, config.speculative_rounds, console)
+    _write(out, report, table, outcome, model, console)
+
+
+def _print_speculative(outcome: Any, rounds: int, console: Console) -> str:
+    """Print the speculative-decoding table and its notes; return it in Markdown."""
+    from mlxlaunch.bench import speculative_report as spec
+
+    figures = outcome.report["workloads"]["speculative"]
+    title = "speculative decoding: --speculate auto beside off (and mlx_lm.server's draft model)"
+    rows = outcome.speculative
+    console.print(spec.render_speculative_table(rows, figures["base"], rounds, title))
+    for note in spec.speculative_notes(figures):
+        console.print(f"[yellow]note:[/] {note}", highlight=False)
+    return spec.speculative_markdown(figures, rows, rounds)
 
 
 def bench_dir() -> Path:

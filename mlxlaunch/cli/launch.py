@@ -36,12 +36,15 @@ from mlxlaunch.cli.scheduler_options import (
     DEFAULT_IDLE_CLEAR,
     DEFAULT_MEMORY_FRACTION,
     DEFAULT_RENDER,
+    DEFAULT_SPECULATE,
     ContextLengthOption,
+    DraftModelOption,
     IdleClearOption,
     KeepAliveOption,
     MaxConcurrencyOption,
     MemoryFractionOption,
     RenderOption,
+    SpeculateOption,
     ToolFormatOption,
 )
 from mlxlaunch.cluster.hosts import Cluster, cluster_from_options
@@ -210,6 +213,8 @@ def claude(
     cache_disk: CacheDiskOption = DEFAULT_CACHE_DISK,
     tool_format: ToolFormatOption = None,
     render: RenderOption = DEFAULT_RENDER,
+    speculate: SpeculateOption = DEFAULT_SPECULATE,
+    draft_model: DraftModelOption = None,
     debug_cache: DebugCacheOption = False,
     safeguards: SafeguardsOption = True,
     preload: Annotated[bool, _preload_option("claude")] = False,
@@ -272,6 +277,8 @@ def claude(
             cache_disk=cache_disk,
             tool_format=tool_format,
             render=render,
+            speculate=speculate,
+            draft_model=draft_model,
             debug_cache=debug_cache,
             safeguards=safeguards,
             preload=preload,
@@ -300,6 +307,8 @@ class _ServeArgs:
     cache_disk: str
     tool_format: str | None
     render: str
+    speculate: str
+    draft_model: str | None
     debug_cache: bool
     safeguards: bool
     preload: bool
@@ -332,6 +341,8 @@ def _run(
             cache_disk=a.cache_disk,
             tool_format=a.tool_format,
             render=a.render,
+            speculate=a.speculate,
+            draft_model=a.draft_model,
             debug_cache=a.debug_cache,
             safeguards=a.safeguards,
         ),
@@ -413,6 +424,8 @@ def _agent_command(agent: Integration, example: str) -> None:
         cache_disk: CacheDiskOption = DEFAULT_CACHE_DISK,
         tool_format: ToolFormatOption = None,
         render: RenderOption = DEFAULT_RENDER,
+        speculate: SpeculateOption = DEFAULT_SPECULATE,
+        draft_model: DraftModelOption = None,
         debug_cache: DebugCacheOption = False,
         # Claude Code's auto-mode check: no other agent asks it, so it is not offered here.
         safeguards: Annotated[
@@ -477,6 +490,8 @@ def _agent_command(agent: Integration, example: str) -> None:
             cache_disk=cache_disk,
             tool_format=tool_format,
             render=render,
+            speculate=speculate,
+            draft_model=draft_model,
             debug_cache=debug_cache,
             safeguards=safeguards,
             preload=preload,

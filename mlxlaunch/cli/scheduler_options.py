@@ -6,6 +6,7 @@ value fails before a model loads.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated
 
 import typer
@@ -90,21 +91,50 @@ ToolFormatOption = Annotated[
 ]
 
 
-# The engine's render modes (`engine.config.RenderMode`), spelled here so the CLI imports no MLX.
+def one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
+    """A parse callback that takes only `choices` (the engine's modes, spelled here so the
+    CLI imports no MLX; a test checks them against the engine's)."""
+
+    def check(value: str) -> str:
+        if value not in choices:
+            raise typer.BadParameter(f"{value!r} is not one of: {', '.join(choices)}")
+        return value
+
+    return check
+
+
+# Speculative decoding (`engine.config.SpeculateMode`).
+SPECULATE_MODES = ("auto", "lookup", "draft", "off")
+DEFAULT_SPECULATE = "auto"
+SpeculateOption = Annotated[
+    str,
+    typer.Option(
+        callback=one_of(SPECULATE_MODES),
+        metavar="[auto|lookup|draft|off]",
+        help="Speculative decoding, verified in the batch's own forward pass (the output is "
+        "what plain decoding gives). auto: the --draft-model if given, else drafts from the "
+        "conversation itself (prompt lookup), where the model allows it; lookup, draft: that "
+        "drafter, refused where it cannot run; off.",
+    ),
+]
+DraftModelOption = Annotated[
+    str | None,
+    typer.Option(
+        help="A small model with the main model's tokenizer whose greedy tokens are drafts "
+        "(e.g. a 0.5B model of the same family).",
+        metavar="MODEL",
+        show_default=False,
+    ),
+]
+
+
+# The engine's render modes (`engine.config.RenderMode`).
 RENDER_MODES = ("stable", "exact")
 DEFAULT_RENDER = "stable"
-
-
-def _render(value: str) -> str:
-    if value not in RENDER_MODES:
-        raise typer.BadParameter(f"{value!r} is not one of: {', '.join(RENDER_MODES)}")
-    return value
-
-
 RenderOption = Annotated[
     str,
     typer.Option(
-        callback=_render,
+        callback=one_of(RENDER_MODES),
         metavar="[stable|exact]",
         help="Prompt rendering. stable: each prompt extends the previous one, so the prefix "
         "cache reuses it (earlier reasoning is kept, a printed date pinned); exact: the chat "

@@ -26,12 +26,15 @@ from mlxlaunch.cli.scheduler_options import (
     DEFAULT_IDLE_CLEAR,
     DEFAULT_MEMORY_FRACTION,
     DEFAULT_RENDER,
+    DEFAULT_SPECULATE,
     ContextLengthOption,
+    DraftModelOption,
     IdleClearOption,
     KeepAliveOption,
     MaxConcurrencyOption,
     MemoryFractionOption,
     RenderOption,
+    SpeculateOption,
     ToolFormatOption,
 )
 from mlxlaunch.engine.settings import DEFAULT_CACHE_DISK
@@ -82,6 +85,8 @@ def serve(
     cache_disk: CacheDiskOption = DEFAULT_CACHE_DISK,
     tool_format: ToolFormatOption = None,
     render: RenderOption = DEFAULT_RENDER,
+    speculate: SpeculateOption = DEFAULT_SPECULATE,
+    draft_model: DraftModelOption = None,
     debug_cache: DebugCacheOption = False,
     safeguards: SafeguardsOption = True,
     preload: Annotated[
@@ -137,6 +142,8 @@ def serve(
             cache_disk=cache_disk,
             tool_format=tool_format,
             render=render,
+            speculate=speculate,
+            draft_model=draft_model,
             debug_cache=debug_cache,
             safeguards=safeguards,
         ),

@@ -16,6 +16,7 @@ REQUEST_COLUMNS = (
     "output",
     "ttft",
     "tok/s",
+    "draft",
     "outcome",
 )
 
@@ -57,6 +58,10 @@ def cache_card(s: StatsSnapshot) -> str:
         [
             _line("hit ratio", f"{s.cache.hit_ratio:.0%}"),
             _line("cached tok", f"{s.counters.cached_tokens:,}"),
+            _line(
+                "drafts",
+                draft_cell(s.counters.accepted_tokens, s.counters.drafted_tokens) + " accepted",
+            ),
             _line("prompt tok", f"{s.counters.prompt_tokens:,}"),
             _line("memory", human_bytes(s.cache.bytes)),
             _line("disk", human_bytes(s.cache.disk_bytes)),
@@ -94,8 +99,14 @@ def request_cells(row: RecentRequest) -> tuple[str, ...]:
         f"{row.output_tokens:,}",
         f"{row.ttft_s:.2f}s",
         f"{row.decode_tps:.1f}",
+        draft_cell(row.accepted_tokens, row.drafted_tokens),
         row.outcome,
     )
+
+
+def draft_cell(accepted: int, drafted: int) -> str:
+    """Speculative decoding's share of accepted drafts, `-` where nothing was drafted."""
+    return f"{accepted / drafted:.0%}" if drafted else "-"
 
 
 def miss_text(miss: CacheMiss | None) -> str:

@@ -22,6 +22,9 @@ ModelWrapper = Callable[[nn.Module], nn.Module]
 # engine/prompt/stable.py) or "exact" (the chat template's own output).
 RenderMode = Literal["exact", "stable"]
 RENDER_MODES: tuple[RenderMode, ...] = ("exact", "stable")
+# Speculative decoding (engine/decoding/drafting.py).
+SpeculateMode = Literal["auto", "lookup", "draft", "off"]
+SPECULATE_MODES: tuple[SpeculateMode, ...] = ("auto", "lookup", "draft", "off")
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,11 @@ class EngineConfig:
             output, which may re-render the past).
         cluster: this process's rank of a cluster serving the model sharded (None: one
             process, the whole model); see engine/cluster/.
+        speculate: speculative decoding: "auto" (the draft model when one is given, else
+            prompt lookup, where the model allows it), "lookup" or "draft" (that drafter, and
+            loading fails where it cannot run), "off".
+        draft_model: a local directory of a small model with the same tokenizer, whose
+            greedy tokens are the drafts (`--draft-model`).
         debug_cache: keep the prompt text around each cache miss in stats and the log
             (`--debug-cache`); off, a miss says only where it happened, with digests of the
             text, since every client with the token can read stats (engine/cache/misses.py).
@@ -133,11 +141,17 @@ class EngineConfig:
     tool_format: str | None = None
     render: RenderMode = "stable"
     debug_cache: bool = False
+    speculate: SpeculateMode = "auto"
+    draft_model: str | None = None
     cluster: ClusterRole | None = None
 
     def __post_init__(self) -> None:
         if self.render not in RENDER_MODES:
             raise ValueError(f"render must be one of {', '.join(RENDER_MODES)}")
+        if self.speculate not in SPECULATE_MODES:
+            raise ValueError(f"speculate must be one of {', '.join(SPECULATE_MODES)}")
+        if self.speculate == "draft" and self.draft_model is None:
+            raise ValueError("speculate 'draft' needs a draft model")
         if self.cache_block_tokens < 1:
             raise ValueError("cache_block_tokens must be at least 1")
         if self.max_concurrency < 1:

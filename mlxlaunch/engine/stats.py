@@ -41,6 +41,8 @@ class EngineCounters:
     generated_tokens: int = 0
     idle_cache_clears: int = 0  # MLX buffer cache cleared by the idle sweeper
     idle_unloads: int = 0  # model unloaded by the idle sweeper (keep-alive ran out)
+    drafted_tokens: int = 0  # speculative decoding: tokens drafted for verification
+    accepted_tokens: int = 0  # of those, accepted (each one a decode step saved)
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,8 @@ class RequestRecord:
     ttft_s: float
     decode_tps: float
     outcome: str  # a stop reason, "cancelled" or "failed"
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
 
 
 @dataclass(frozen=True)

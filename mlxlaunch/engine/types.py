@@ -131,6 +131,8 @@ class Timings:
     ttft_s: float = 0.0  # admission to first token
     prefill_tps: float = 0.0
     decode_tps: float = 0.0
+    drafted_tokens: int = 0  # speculative decoding: tokens drafted, and of those accepted
+    accepted_tokens: int = 0
 
 
 @dataclass(frozen=True)

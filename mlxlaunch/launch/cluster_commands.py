@@ -42,7 +42,17 @@ def checked_parallel(cluster: Cluster, model: str) -> str:
 
 
 def engine_fields(options: EngineOptions) -> dict[str, Any]:
-    """EngineOptions as JSON-able fields (the rank spec carries them to every host)."""
+    """EngineOptions as JSON-able fields (the rank spec carries them to every host).
+
+    Raises:
+        ConfigError: an option a cluster cannot honour.
+    """
+    if options.speculate in ("lookup", "draft"):
+        raise ConfigError(
+            f"--speculate {options.speculate} cannot be used with --hosts: the ranks decode in "
+            "lockstep, one token per step",
+            hint="leave --speculate at auto (off on a cluster) or use one machine",
+        )
     return {
         name: str(value) if isinstance(value, Path) else value
         for name, value in dataclasses.asdict(options).items()

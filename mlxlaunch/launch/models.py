@@ -46,12 +46,24 @@ def build_real_template_model(directory: Path, size: str, family: str) -> Path:
     return build(directory, size, family)
 
 
+def copy_model_text(model_dir: Path, words: int, *, edit_every: int = 0) -> str:
+    """Text a copy test model (`copy`, `copy-tiny`) in `model_dir` rewrites when asked to:
+    its chain's first `words` words, every `edit_every`-th changed (benchmarks)."""
+    from tokenizers import Tokenizer
+
+    from mlxlaunch.testing.copying import chain_text, load_chain
+
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    return chain_text(tokenizer, load_chain(model_dir), words, edit_every=edit_every)
+
+
 __all__ = [
     "DEMO_MODEL",
     "ChosenModel",
     "best_local_model",
     "checked_model_name",
     "choose_model",
+    "copy_model_text",
     "demo_replies",
     "is_test_model_name",
     "notice_for_test_model",

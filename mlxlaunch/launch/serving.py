@@ -25,9 +25,10 @@ from rich.console import Console
 from mlxlaunch.engine.config import ClusterRole, EngineConfig, LogitsHook
 from mlxlaunch.engine.engine import Engine
 from mlxlaunch.engine.settings import DEFAULT_CACHE_DISK, cache_config, engine_tuning
+from mlxlaunch.errors import ConfigError
 from mlxlaunch.launch.child import terminating_like_ctrl_c
 from mlxlaunch.launch.claude_env import client_settings
-from mlxlaunch.launch.models import ChosenModel, demo_replies
+from mlxlaunch.launch.models import ChosenModel, demo_replies, resolve_name
 from mlxlaunch.launch.state import ClientSettings, RunKind, RunState, remove_state, write_state
 from mlxlaunch.launch.warm import warm_up_in_background
 from mlxlaunch.server.app import ServerSettings
@@ -56,6 +57,8 @@ class EngineOptions:
     cache_disk: str = DEFAULT_CACHE_DISK
     tool_format: str | None = None
     render: str = "stable"  # prompt rendering: "stable" or "exact" (EngineConfig.render)
+    speculate: str = "auto"  # speculative decoding (EngineConfig.speculate)
+    draft_model: str | None = None  # its draft model, by name (resolved when serving)
     debug_cache: bool = False  # keep prompt text around cache misses (EngineConfig.debug_cache)
     safeguards: bool = True  # answer Claude Code's auto-mode check (ServerSettings.safeguards)
 
@@ -64,12 +67,19 @@ class EngineOptions:
 
         Raises:
             ConfigError: a keep-alive or idle-clear that is not a duration (the CLI checks its
-                own options; the user's settings file can still hold one).
+                own options; the user's settings file can still hold one), or `--speculate
+                draft` without a draft model.
         """
+        if self.speculate == "draft" and not self.draft_model:
+            raise ConfigError(
+                "--speculate draft needs a draft model",
+                hint="add --draft-model M (a small model with the same tokenizer)",
+            )
         return {
             "context_length": self.context_length,
             "tool_format": self.tool_format,
             "render": self.render,
+            "speculate": self.speculate,
             "debug_cache": self.debug_cache,
             **engine_tuning(
                 max_concurrency=self.max_concurrency,
@@ -142,10 +152,12 @@ def serving(
         settings = dataclasses.replace(settings, stats_prompt_excerpts=True)
     if not engine_options.safeguards:  # --no-safeguards: the server says the check is off
         settings = dataclasses.replace(settings, safeguards=False)
+    draft = engine_options.draft_model
     config = EngineConfig(
         model=str(model.path),
         logits_hook=hook,
         cluster=cluster,
+        draft_model=str(resolve_name(draft)) if draft else None,
         **engine_options.config_arguments(),
     )
     with terminating_like_ctrl_c(), contextlib.ExitStack() as stack:

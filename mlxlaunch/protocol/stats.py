@@ -57,6 +57,8 @@ class RequestCounters(_Wire):
     generated_tokens: int = 0
     idle_cache_clears: int = 0  # MLX buffer cache cleared by the idle sweeper
     idle_unloads: int = 0  # model unloaded by the idle sweeper (keep-alive ran out)
+    drafted_tokens: int = 0  # speculative decoding: tokens drafted for verification
+    accepted_tokens: int = 0  # of those, accepted
 
 
 class RecentRequest(_Wire):
@@ -71,6 +73,8 @@ class RecentRequest(_Wire):
     ttft_s: float = 0.0
     decode_tps: float = 0.0
     outcome: str = ""  # a stop reason, "cancelled" or "failed"
+    drafted_tokens: int = 0  # speculative decoding: drafted for this request, and accepted
+    accepted_tokens: int = 0
 
 
 class MissDigests(_Wire):

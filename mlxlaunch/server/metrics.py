@@ -38,6 +38,8 @@ _TOKEN_COUNTERS = {
     "prompt_tokens": ("prompt_tokens", "Prompt tokens of admitted requests."),
     "cached_tokens": ("cached_prompt_tokens", "Prompt tokens served from the prefix cache."),
     "generated_tokens": ("generated_tokens", "Tokens generated."),
+    "drafted_tokens": ("drafted_tokens", "Tokens drafted by speculative decoding."),
+    "accepted_tokens": ("accepted_tokens", "Drafted tokens accepted."),
 }
 _SEEN_LIMIT = 4096
 

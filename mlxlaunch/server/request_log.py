@@ -53,6 +53,7 @@ class RequestLog:
         self.done: Done | None = None
         self.admitted: Admitted | None = None  # the prompt's figures, if no Done comes
         self.first_output: float | None = None
+        self.outputs = 0  # output events sent (what a stream cut short had, with no Done)
         self._logged = False
 
     def observe(self, event: EngineEvent) -> None:
@@ -60,8 +61,10 @@ class RequestLog:
             self.admitted = event
         elif isinstance(event, Done):
             self.done = event
-        elif self.first_output is None and isinstance(event, OUTPUT_EVENTS):
-            self.first_output = time.monotonic()
+        elif isinstance(event, OUTPUT_EVENTS):
+            self.outputs += 1
+            if self.first_output is None:
+                self.first_output = time.monotonic()
 
     def finish(self, status: int) -> None:
         if self._logged:
@@ -74,15 +77,19 @@ class RequestLog:
         admitted = self.admitted
         prompt = usage.prompt_tokens if usage else (admitted.prompt_tokens if admitted else 0)
         cached = usage.cached_tokens if usage else (admitted.cached_tokens if admitted else 0)
+        # Cut short (a cancel, a shutdown): no Done, but what was sent still counts.
+        output = usage.output_tokens if usage else self.outputs
         log.info(
-            "%s model=%s prompt=%d cached=%d output=%d ttft=%.2fs tok/s=%.1f status=%d",
+            "%s model=%s prompt=%d cached=%d output=%d ttft=%.2fs tok/s=%.1f draft=%d/%d status=%d",
             self.request_id,
             shown(self.model),
             prompt,
             cached,
-            usage.output_tokens if usage else 0,
+            output,
             ttft,
             timings.decode_tps if timings else 0.0,
+            timings.accepted_tokens if timings else 0,
+            timings.drafted_tokens if timings else 0,
             status,
         )
 

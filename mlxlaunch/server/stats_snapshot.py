@@ -78,6 +78,8 @@ def stats_snapshot(
             generated_tokens=c.generated_tokens,
             idle_cache_clears=c.idle_cache_clears,
             idle_unloads=c.idle_unloads,
+            drafted_tokens=c.drafted_tokens,
+            accepted_tokens=c.accepted_tokens,
         ),
         cache=CacheFigures(
             hit_ratio=stats.cache_hit_ratio,
@@ -106,6 +108,8 @@ def stats_snapshot(
                 ttft_s=r.ttft_s,
                 decode_tps=r.decode_tps,
                 outcome=r.outcome,
+                drafted_tokens=r.drafted_tokens,
+                accepted_tokens=r.accepted_tokens,
             )
             for r in stats.recent
         ),

@@ -18,6 +18,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models import qwen3, qwen3_moe
 
 from mlxlaunch.home import shared_dir
+from mlxlaunch.testing.copying import chain_words, save_chain, wire_copy_weights
 from mlxlaunch.testing.templates import TemplateFamily, real_template_family, template_family
 from mlxlaunch.testing.tokenizer import write_tokenizer
 
@@ -119,7 +120,12 @@ def model_config(
 
 
 def build_model(
-    path: Path, size: str = "tiny", *, template: str | TemplateFamily = "qwen", seed: int = 0
+    path: Path,
+    size: str = "tiny",
+    *,
+    template: str | TemplateFamily = "qwen",
+    seed: int = 0,
+    weights: str = "random",
 ) -> Path:
     """Write a model directory that ``mlx_lm.load(path)`` loads.
 
@@ -130,6 +136,8 @@ def build_model(
         template: chat-template family from ``mlxlaunch.testing.templates`` (a name, or a
             family such as ``real_template_family(path)`` gives).
         seed: seed for the random weights.
+        weights: "random", or "copy": hand-wired to follow a chain of words (testing/copying.py;
+            qwen3 sizes only).
 
     Returns:
         ``path``.
@@ -153,18 +161,28 @@ def build_model(
         stop_ids.append(token_id)
     eos_token_id: int | list[int] = stop_ids[0] if len(stop_ids) == 1 else stop_ids
     config = model_config(shape, tokenizer.get_vocab_size(), eos_token_id)
+    copying = weights == "copy"
+    if copying:
+        if shape.experts is not None:
+            raise ValueError("a copy model is a dense qwen3 model")
+        config["tie_word_embeddings"] = False  # its own output rows (testing/copying.py)
 
     mx.random.seed(seed)
     architecture = qwen3 if shape.experts is None else qwen3_moe
     model = architecture.Model(architecture.ModelArgs.from_dict(config))
-    parameters = cast(list[tuple[str, mx.array]], tree_flatten(model.parameters()))
-    # Experts' projections (switch_mlp.*_proj) scale too; the router (mlp.gate) does not.
-    weights = {
-        name: value * PROJECTION_SCALE if name.endswith("proj.weight") else value
-        for name, value in parameters
-    }
-    mx.save_safetensors(str(path / WEIGHTS_FILE), weights, metadata={"format": "mlx"})
-    _write_json(path / WEIGHTS_INDEX_FILE, weights_index(weights, WEIGHTS_FILE))
+    if copying:
+        chain = chain_words(tokenizer, seed)
+        tensors = wire_copy_weights(model, chain, seed)
+        save_chain(path, chain)
+    else:
+        parameters = cast(list[tuple[str, mx.array]], tree_flatten(model.parameters()))
+        # Experts' projections (switch_mlp.*_proj) scale too; the router (mlp.gate) does not.
+        tensors = {
+            name: value * PROJECTION_SCALE if name.endswith("proj.weight") else value
+            for name, value in parameters
+        }
+    mx.save_safetensors(str(path / WEIGHTS_FILE), tensors, metadata={"format": "mlx"})
+    _write_json(path / WEIGHTS_INDEX_FILE, weights_index(tensors, WEIGHTS_FILE))
     _write_json(path / "config.json", config)
     _settle_modes(path, existing)
     return path

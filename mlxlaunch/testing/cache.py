@@ -49,6 +49,7 @@ class ModelRecipe:
     size: str
     template: str = "qwen"
     seed: int = 0
+    weights: str = "random"  # or "copy" (testing/copying.py)
 
 
 TEST_MODELS: dict[str, ModelRecipe] = {
@@ -60,10 +61,15 @@ TEST_MODELS: dict[str, ModelRecipe] = {
     # Small prefills Claude Code's ~13k-token prompt in seconds on a CPU, so `mlx serve
     # --model demo` answers quickly while still running realistic shapes.
     "demo": ModelRecipe(size="small"),
+    # Hand-wired to copy: its greedy output is a fixed chain of words, so drafts taken from
+    # a prompt holding that text are accepted by its own forward passes (speculative decoding).
+    "copy": ModelRecipe(size="small", weights="copy"),
+    # The same chain in the tiny shape (same tokenizer and seed): a draft model for "copy".
+    "copy-tiny": ModelRecipe(size="tiny", weights="copy"),
 }
 
 # Files whose content decides what the builder writes.
-_BUILDER_INPUTS = ("builder.py", "tokenizer.py", "templates.py", "cache.py")
+_BUILDER_INPUTS = ("builder.py", "copying.py", "tokenizer.py", "templates.py", "cache.py")
 
 
 def is_test_model_name(name: str) -> bool:
@@ -146,7 +152,13 @@ def _build_atomically(recipe: ModelRecipe, target: Path, twin: Path | None = Non
         else:
             from mlxlaunch.testing.builder import build_model  # mlx: only when building
 
-            build_model(staging, recipe.size, template=recipe.template, seed=recipe.seed)
+            build_model(
+                staging,
+                recipe.size,
+                template=recipe.template,
+                seed=recipe.seed,
+                weights=recipe.weights,
+            )
         if target.exists():  # a leftover without config.json: an interrupted old layout
             shutil.rmtree(target)
         os.rename(staging, target)

@@ -42,8 +42,8 @@ class ForcedTokens:
 
     It never reads `logits`, so the sampled token does not depend on the forward pass: plain
     mlx-lm then never runs that pass and defers it to whatever next reads the KV cache. The
-    engine evaluates each step's caches (`engine/scheduling/generator_step.py`); a caller
-    stepping a `BatchGenerator` itself should call its `settle` after each `next()`.
+    engine's batch evaluates each step's caches with its samples (`engine/scheduling/
+    decode.py`). It has no `rollback`: a sequence it scripts never drafts.
     """
 
     def __init__(self, tokens: Sequence[int], eos_token_id: int) -> None:

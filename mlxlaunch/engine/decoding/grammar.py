@@ -35,6 +35,7 @@ import json
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -94,6 +95,8 @@ WARM_STEPS = 16
 MAX_FIRST_MASK_CPU_S = 0.25
 MAX_MASK_CPU_S = 0.02
 SLOW_MASKS_ALLOWED = 3  # on the worker: masks over MAX_MASK_CPU_S before the sequence fails
+# Tokens a processor can take back (more than a speculative step ever drafts).
+ROLLBACK_WINDOW = 64
 
 
 class ConstraintBroken(GenerationFailed):
@@ -420,6 +423,9 @@ class GrammarLogitsProcessor:
         self.error: str | None = None
         self.ended = False  # an end-of-sequence token followed a complete sentence
         self._slow_masks = 0
+        # What each recent token did to the grammar (True: the matcher consumed it; False: it
+        # ended the output), for `rollback`.
+        self._recent: deque[bool] = deque(maxlen=ROLLBACK_WINDOW)
 
     @property
     def complete(self) -> bool:
@@ -446,8 +452,35 @@ class GrammarLogitsProcessor:
                 # End of sequence after a complete sentence. mlx-lm's pipelined loops call us
                 # once more after sampling it; a stopped matcher would count it as an error.
                 self.ended = True
+                self._recent.append(False)
             elif not self._matcher.consume_token(token):
                 self._fail(_reason(self._matcher) if self._matcher.is_error() else "")
+            else:
+                self._recent.append(True)
+
+    def valid_prefix(self, context: list[int], drafts: list[int]) -> int:
+        """How many of `drafts` the grammar allows after `context` (the sequence so far, of
+        which this processor has seen a prefix): drafts past that are never shown to it."""
+        if self.error is not None or self.ended:
+            return 0
+        unseen = context[self._seen :] if self._seen is not None else []
+        return max(0, int(self._matcher.validate_tokens([*unseen, *drafts])) - len(unseen))
+
+    def rollback(self, n: int) -> None:
+        """Forget the last `n` tokens shown (drafts rejected by speculative decoding)."""
+        if n <= 0 or self._seen is None:
+            return
+        if n > len(self._recent):
+            raise ValueError(f"cannot roll back {n} tokens (at most {len(self._recent)})")
+        consumed = 0
+        for _ in range(n):
+            if self._recent.pop():
+                consumed += 1
+            else:
+                self.ended = False
+        if consumed:
+            self._matcher.rollback(consumed)
+        self._seen -= n
 
     def _fail(self, reason: str) -> None:
         self.error = reason or "a token the grammar does not allow"

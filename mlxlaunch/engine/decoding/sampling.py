@@ -82,9 +82,23 @@ def sampler_for(sampling: ResolvedSampling) -> Any | None:
     return _sampler(sampling.temperature, sampling.top_p, sampling.top_k, sampling.min_p)
 
 
+class Stateless:
+    """A logits processor that is a pure function of the tokens it is shown (mlx-lm's
+    penalties): speculative decoding may show it drafted tokens and drop them again."""
+
+    stateless = True
+
+    def __init__(self, processor: Any) -> None:
+        self._processor = processor
+
+    def __call__(self, tokens: Any, logits: Any) -> Any:
+        return self._processor(tokens, logits)
+
+
 def penalty_processors(sampling: ResolvedSampling) -> list[Any]:
     """The logits processors `sampling` asks for (the repetition penalty over mlx-lm's
     default window of the last 20 tokens); empty when it asks for none."""
     if sampling.repetition_penalty == 1.0:
         return []
-    return list(make_logits_processors(repetition_penalty=sampling.repetition_penalty))
+    made = make_logits_processors(repetition_penalty=sampling.repetition_penalty)
+    return [Stateless(processor) for processor in made]

@@ -8,10 +8,14 @@ would after closing the span itself.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from typing import cast
 
 import mlx.core as mx
+
+# Tokens a processor can take back (more than a step ever drafts).
+ROLLBACK_WINDOW = 64
 
 
 class ThinkingBudget:
@@ -42,6 +46,11 @@ class ThinkingBudget:
         self._seen: int | None = None
         self._tail: list[int] = []  # recent tokens, to match multi-token markers
         self._forcing: int | None = None  # index into `end_ids` being forced
+        # The state before each recent observed token, for `rollback` (speculative decoding
+        # shows drafted tokens, then takes the rejected ones back).
+        self._before: deque[tuple[bool, int, bool, list[int], int | None]] = deque(
+            maxlen=ROLLBACK_WINDOW
+        )
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         n = int(tokens.shape[0])
@@ -60,7 +69,21 @@ class ThinkingBudget:
         vocab = logits.shape[-1]
         return mx.where(mx.arange(vocab) == target, logits, mx.array(-mx.inf, logits.dtype))
 
+    def rollback(self, n: int) -> None:
+        """Forget the last `n` tokens observed, as if they had never been shown."""
+        if n <= 0 or self._seen is None:
+            return
+        if n > len(self._before):
+            raise ValueError(f"cannot roll back {n} tokens (at most {len(self._before)})")
+        state = self._before[-n]
+        for _ in range(n):
+            self._before.pop()
+        self.inside, self.spent, self.cut, tail, self._forcing = state
+        self._tail = list(tail)
+        self._seen -= n
+
     def _observe(self, token: int) -> None:
+        self._before.append((self.inside, self.spent, self.cut, self._tail, self._forcing))
         if self._forcing is not None:
             self._forcing += 1
             if self._forcing >= len(self._end):

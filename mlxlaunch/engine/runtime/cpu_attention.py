@@ -42,6 +42,7 @@ import numpy as np
 from mlx_lm.models.cache import BatchKVCache
 
 from mlxlaunch.engine.runtime import mlx_lm_internals as internals
+from mlxlaunch.engine.runtime.row_cache import RowKVCache
 
 ENV_SWITCH = "MLXLAUNCH_CPU_ATTENTION"
 # Bytes of float32 scores one query block may take (one KV head's group of query heads).
@@ -173,14 +174,21 @@ def _attend(
 def plain_mask(queries: mx.array, keys: Any, mask: Any, cache: Any) -> Any:
     """`mask` as None or "causal" when it is exactly that, else unchanged.
 
-    mlx-lm's `BatchKVCache` always builds a boolean mask. For a lone sequence without padding
-    it is plain causal attention: its models build windowed masks only against rotating
-    caches (`BatchRotatingKVCache`, left alone here). Decided from the cache, not by reading
-    the mask: an evaluation per layer would stall every decode step (measured ~30% slower).
+    mlx-lm's `BatchKVCache` (and the decoding rows' `RowKVCache`) always builds a boolean
+    mask. For a lone sequence without padding it is plain causal attention: its models build
+    windowed masks only against rotating caches (`BatchRotatingKVCache`, left alone here).
+    Decided from the cache, not by reading the mask: an evaluation per layer would stall
+    every decode step (measured ~30% slower).
     """
-    if not isinstance(mask, mx.array) or type(cache) is not BatchKVCache:
+    if not isinstance(mask, mx.array):
         return mask
     if queries.shape[0] != 1 or mask.shape[-1] != keys.shape[-2]:
+        return mask
+    if isinstance(cache, RowKVCache):  # its rows' padding is known on the host
+        if not cache.single_unpadded:
+            return mask
+        return "causal" if queries.shape[2] > 1 else None
+    if type(cache) is not BatchKVCache:
         return mask
     if internals.right_padding(cache) is not None:
         return mask

@@ -215,3 +215,41 @@ def load_model(config: EngineConfig) -> LoadedModel:
         info=info,
         tool_parser=syntax.parser,
     )
+
+
+@dataclass
+class DraftLoaded:
+    """A draft model for speculative decoding: it shares the main model's vocabulary."""
+
+    model: nn.Module
+    vocab_size: int  # the tokenizer's (the model's output may be padded past it)
+
+
+def load_draft_model(path: str, main: LoadedModel) -> DraftLoaded:
+    """Load the draft model at `path` and check that it can draft for `main`.
+
+    Raises:
+        ModelLoadError: it cannot be loaded, or its tokenizer is not the main model's (the
+            drafted token ids would mean other text), in words that say which differs.
+    """
+    try:
+        loaded = mlx_lm_load(path, trust_remote_code=False)
+    except Exception as exc:
+        raise ModelLoadError(f"cannot load the draft model {path}: {exc}") from exc
+    model, tokenizer = loaded[0], loaded[1]
+    vocab = tokenizer.get_vocab()
+    mine = main.tokenizer.get_vocab()
+    if vocab != mine:
+        differ = sum(1 for text, i in mine.items() if vocab.get(text) != i)
+        raise ModelLoadError(
+            f"the draft model {path} has another vocabulary than {main.info.id} "
+            f"({len(vocab)} against {len(mine)} tokens, {differ} of the main model's differ): "
+            "its drafts would be other text",
+            hint="pick a draft model of the same family (the same tokenizer)",
+        )
+    if _eos_ids(tokenizer) != main.info.eos_token_ids:
+        raise ModelLoadError(
+            f"the draft model {path} ends its turns with other tokens than {main.info.id}",
+            hint="pick a draft model of the same family (the same tokenizer)",
+        )
+    return DraftLoaded(model=model, vocab_size=len(mine))

@@ -41,7 +41,8 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
     PrivateName(
         "mlx_lm.models.cache.BatchKVCache",
         "_idx",
-        "batch_cache_holding: a lone reused prefix hands its buffers to a batch (cache/blocks.py)",
+        "batch_cache_holding (a lone reused prefix hands its buffers to a batch, cache/blocks.py)"
+        " and RowKVCache.of_batch (a prefilled batch's rows decode from where they end)",
     ),
     PrivateName(
         "mlx_lm.models.cache.BatchKVCache",
@@ -52,31 +53,6 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         "mlx_lm.models.cache.BatchKVCache",
         "_right_padding",
         "right_padding: a right-padded batch keeps mlx-lm's attention",
-    ),
-    PrivateName(
-        "mlx_lm.generate.BatchGenerator",
-        "_generation_batch",
-        "pending_first_tokens, decoding_caches: the decoding sequences' state",
-    ),
-    PrivateName(
-        "mlx_lm.generate.BatchGenerator",
-        "prefill_step_size",
-        "set_prefill_slice: each step's prompt tokens, paced against decode (prefill_pacing.py)",
-    ),
-    PrivateName(
-        "mlx_lm.generate.GenerationBatch",
-        "uids",
-        "pending_first_tokens: which sequence each pending token belongs to",
-    ),
-    PrivateName(
-        "mlx_lm.generate.GenerationBatch",
-        "_next_tokens",
-        "pending_first_tokens: the sampled tokens not yet handed out",
-    ),
-    PrivateName(
-        "mlx_lm.generate.GenerationBatch",
-        "prompt_cache",
-        "decoding_caches: each decode step's forward pass is computed (generator_step.py)",
     ),
     PrivateName(
         "mlx_lm.tokenizer_utils.TokenizerWrapper",
@@ -134,51 +110,6 @@ def left_padding(cache: Any) -> Any:
 def right_padding(cache: Any) -> Any:
     """A batch cache's right padding while a prefill is padded on the right, else None."""
     return getattr(cache, "_right_padding", None)
-
-
-# --- the batch generator ----------------------------------------------------------------
-
-
-def pending_first_tokens(generator: Any) -> dict[int, int]:
-    """uid → the token the generation batch has sampled but not reported yet (see
-    scheduling/first_token.py); empty when that state is not where it is expected."""
-    batch = getattr(generator, "_generation_batch", None)
-    members = getattr(batch, "uids", None)
-    pending = getattr(batch, "_next_tokens", None)
-    if not isinstance(members, list) or pending is None:
-        return {}
-    try:
-        tokens = pending.tolist()  # waits for the sampling (on a GPU, only for it)
-    except Exception:
-        return {}
-    if not isinstance(tokens, list) or len(tokens) != len(members):
-        return {}
-    return {
-        uid: int(token)
-        for uid, token in zip(members, tokens, strict=True)
-        if isinstance(token, int)
-    }
-
-
-def decoding_caches(generator: Any) -> list[Any]:
-    """The per-layer KV caches of the generator's decoding sequences (mlx-lm cache objects,
-    each with a `state`); empty when there are none or they are not where expected."""
-    caches = getattr(getattr(generator, "_generation_batch", None), "prompt_cache", None)
-    return list(caches) if isinstance(caches, list) else []
-
-
-def set_prefill_slice(generator: Any, tokens: int) -> bool:
-    """Make the generator's next `next()` prefill at most `tokens` tokens of each prompt; 0
-    makes it a decode step alone. False where the setting is not where it is expected.
-
-    A constructor argument, not promised to be read again: mlx-lm 0.32 cuts each step's chunk
-    by it, while its prompt batch keeps the constructor's value as the size of one forward
-    pass, so `tokens` above that value would be processed in several passes.
-    """
-    if not isinstance(getattr(generator, "prefill_step_size", None), int):
-        return False
-    generator.prefill_step_size = max(0, tokens)
-    return True
 
 
 # --- tokenizers -------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """A rank other than 0: it holds a shard of the model and does what rank 0 says, in order.
 
-It keeps what rank 0's worker keeps of the model — a batch generator of the same shape and a
+It keeps what rank 0's worker keeps of the model — a batch of the same shape and a
 prefix cache of its own shard — and applies each shared decision (`ops`) as rank 0's worker
 applies it: loads, joins, steps, removals, saves. Where rank 0 reuses a cached prefix, this
 rank plans its own from its cache, and the two agree on the shorter (`settle`). What a
@@ -16,7 +16,6 @@ import threading
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxlaunch.engine.cache.prefix import PrefixCache
@@ -25,12 +24,11 @@ from mlxlaunch.engine.decoding.sampling import resolve_sampling, sampler_for
 from mlxlaunch.engine.runtime import cpu_attention, freed_memory
 from mlxlaunch.engine.runtime.loader import LoadedModel, load_model
 from mlxlaunch.engine.runtime.rank_group import RankGroup
-from mlxlaunch.engine.runtime.warmup import warm_up_loaded
 from mlxlaunch.engine.scheduling import cluster_ops as ops
-from mlxlaunch.engine.scheduling.generator_step import batch_generator
-from mlxlaunch.engine.scheduling.generator_step import step as generator_step
+from mlxlaunch.engine.scheduling.batch import Batch, make_batch
 from mlxlaunch.engine.scheduling.lockstep import echo_sampler
 from mlxlaunch.engine.scheduling.prompt_caches import PromptCaches, settle
+from mlxlaunch.engine.scheduling.warmup import warm_up_loaded
 from mlxlaunch.engine.stats import StatsBook
 from mlxlaunch.engine.types import ClusterLost, Sampling
 
@@ -61,7 +59,7 @@ class Follower:
         self.group: RankGroup = config.cluster.group
         self.loaded: LoadedModel | None = None
         self._caches = PromptCaches(config, StatsBook(config.clock), threading.Lock())
-        self._generator: BatchGenerator | None = None
+        self._generator: Batch | None = None
         self._sequences: dict[int, _Sequence] = {}
         self.steps = 0  # steps taken (tests, logs)
 
@@ -135,10 +133,10 @@ class Follower:
             self._generator = None
         self._sequences.clear()
 
-    def _batch_generator(self) -> BatchGenerator:
+    def _batch_generator(self) -> Batch:
         if self._generator is None:
             loaded = self._require_loaded()
-            self._generator = batch_generator(loaded, self.config, echo_sampler(self.group))
+            self._generator = make_batch(loaded, self.config, echo_sampler(self.group))
         return self._generator
 
     def _require_loaded(self) -> LoadedModel:
@@ -163,54 +161,38 @@ class Follower:
         # A sampler of its own where rank 0's job has one: the batch then samples row by row
         # on both ranks, one collective per row (a fresh function, as rank 0's are distinct).
         sampler: Any = echo_sampler(self.group) if op.own_sampler else None
-        (uid,) = generator.insert(
-            [prompt[cached:]],
-            max_tokens=[op.max_tokens],
-            caches=[caches],
-            all_tokens=[prompt[:cached]],
-            samplers=[sampler],
-            logits_processors=[[]],
+        uid = generator.insert(
+            prompt[cached:],
+            max_tokens=op.max_tokens,
+            cache=caches,
+            held=prompt[:cached],
+            sampler=sampler,
+            snapshot=self._caches.snapshots_wanted,
         )
         self._sequences[uid] = _Sequence(op, cached)
 
     def _step(self, prefill_tokens: int) -> None:
         generator = self._batch_generator()
-        prompt_responses, generation_responses = generator_step(generator, prefill_tokens)
+        prompt_responses, generation_responses = generator.step(prefill_tokens)
         self.steps += 1
         for progress in prompt_responses:
             sequence = self._sequences.get(progress.uid)
-            if sequence is None:
-                continue
-            if progress.end_of_segment and self._at_prompt_end(progress, sequence):
-                self._snapshot(progress.uid, sequence)
+            if sequence is not None and progress.snapshot is not None:
+                self._retain(sequence, *progress.snapshot)
         for response in generation_responses:
             sequence = self._sequences.get(response.uid)
             if sequence is None or response.finish_reason is None:
                 continue
             del self._sequences[response.uid]
-            if response.prompt_cache is not None:
-                self._retain(sequence, response.prompt_cache, response.all_tokens)
-
-    @staticmethod
-    def _at_prompt_end(progress: Any, sequence: _Sequence) -> bool:
-        """All but the prompt's last token are in the cache: where rank 0's worker takes a
-        snapshot (the generator counts progress from the cached prefix)."""
-        done = sequence.cached_tokens + int(progress.progress[0])
-        return done == sequence.prompt_tokens - 1
-
-    def _snapshot(self, uid: int, sequence: _Sequence) -> None:
-        prefix, generator = self.prefix, self._generator
-        if prefix is None or not prefix.exact or generator is None:
-            return
-        for held, tokens in generator.extract_cache([uid]).values():
-            self._retain(sequence, held, tokens)
+            if response.held is not None:
+                self._retain(sequence, *response.held)
 
     def _remove(self, uids: tuple[int, ...]) -> None:
         generator = self._generator
         present = [uid for uid in uids if uid in self._sequences]
         if generator is None or not present:
             return
-        removed = generator.remove(present, True)
+        removed = generator.remove(present)
         for uid in present:
             sequence = self._sequences.pop(uid)
             if removed and uid in removed:

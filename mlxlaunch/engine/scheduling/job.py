@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from mlx_lm.tokenizer_utils import NaiveStreamingDetokenizer, TokenizerWrapper
 
+from mlxlaunch.engine.decoding.drafting import PromptLookup
 from mlxlaunch.engine.decoding.plan import NO_PLAN, DecodingPlan
 from mlxlaunch.engine.output.parser import ParsedEvent
 from mlxlaunch.engine.output.parser_config import ModelOutputParser
@@ -32,7 +34,8 @@ class EventSink:
     """Hands events from the worker thread to the request's asyncio queue.
 
     Items are lists of events (one list per step, to keep cross-thread calls per token low) or
-    an exception that ends the request.
+    an exception that ends the request. Inside `batched_delivery` (the worker's steps), every
+    sink's items wait for the block's end and go to each event loop in one call.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -40,9 +43,47 @@ class EventSink:
         self.queue: asyncio.Queue[SinkItem] = asyncio.Queue()
 
     def send(self, item: SinkItem) -> None:
+        held: dict[asyncio.AbstractEventLoop, list[Delivery]] | None = getattr(
+            _outbox, "held", None
+        )
+        if held is not None:
+            held.setdefault(self.loop, []).append((self.queue, item))
+            return
         # A closed loop means the caller is gone; there is nobody to tell.
         with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+Delivery = tuple["asyncio.Queue[SinkItem]", SinkItem]
+_outbox = threading.local()
+
+
+@contextlib.contextmanager
+def batched_delivery() -> Iterator[None]:
+    """Within the block, sinks on this thread hold their items; at its end each event loop
+    gets all of them in one `call_soon_threadsafe` (in the order they were sent).
+
+    Measured on the worker, one stream of the tiny test model: sending each job's events on
+    its own cost ~0.6 ms a step of a 2.5 ms step (each call wakes the loop, whose thread
+    then contends for the GIL while the worker builds the next step); with four streams,
+    four such calls a step."""
+    if getattr(_outbox, "held", None) is not None:  # nested: the outer block sends
+        yield
+        return
+    held: dict[asyncio.AbstractEventLoop, list[Delivery]] = {}
+    _outbox.held = held
+    try:
+        yield
+    finally:
+        _outbox.held = None
+        for loop, deliveries in held.items():
+            with contextlib.suppress(RuntimeError):  # that caller's loop is gone
+                loop.call_soon_threadsafe(_deliver_all, deliveries)
+
+
+def _deliver_all(deliveries: list[Delivery]) -> None:
+    for queue, item in deliveries:
+        queue.put_nowait(item)
 
 
 class OutputStream:
@@ -105,8 +146,10 @@ class Job:
     cached_tokens: int = 0
     started_at: float | None = None
     first_token_at: float | None = None
-    # The first token, sent as soon as it was sampled; the generator reports it a step later.
-    sent_ahead: int | None = None
+    # Its draft source for speculative decoding (built at submit), None: it does not draft.
+    drafter: PromptLookup | None = None
+    drafted: int = 0  # tokens drafted for it, and of those accepted
+    accepted: int = 0
     shared: bool = False  # on a cluster: the other ranks were told of it (lockstep.py)
     output_tokens: int = 0
     last_progress: int = -1
@@ -131,6 +174,8 @@ class Job:
             ttft_s=(first - self.submitted_at) if first is not None else 0.0,
             prefill_tps=prefilled / prefill_s if prefill_s > 0 else 0.0,
             decode_tps=(self.output_tokens - 1) / decode_s if decode_s > 0 else 0.0,
+            drafted_tokens=self.drafted,
+            accepted_tokens=self.accepted,
         )
 
     def record(self, timings: Timings, outcome: str) -> RequestRecord:
@@ -145,6 +190,8 @@ class Job:
             ttft_s=timings.ttft_s,
             decode_tps=timings.decode_tps,
             outcome=outcome,
+            drafted_tokens=self.drafted,
+            accepted_tokens=self.accepted,
         )
 
     def flush(self) -> None:

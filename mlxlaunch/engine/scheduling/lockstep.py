@@ -114,11 +114,6 @@ def echo_sampler(group: RankGroup) -> Sampler:
     return echo
 
 
-def greedy(logprobs: mx.array) -> mx.array:
-    """The batch's shared sampler when a request sets none (mlx-lm's default, argmax)."""
-    return mx.argmax(logprobs, axis=-1)
-
-
 def cluster_insert(job: Job, *, own_sampler: bool) -> ops.Insert:
     """What the other ranks need of a job joining the batch."""
     return ops.Insert(

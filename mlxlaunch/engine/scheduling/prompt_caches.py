@@ -94,13 +94,12 @@ class PromptCaches:
         if self.prefix is not None:
             self.publish()
 
-    def snapshot(self, job: Job, generator: Any) -> None:
-        """A model whose cache cannot be trimmed is reusable only where a snapshot was taken;
-        the end of a prompt (all but its last token) is where the next turn continues."""
-        prefix = self.prefix
-        if prefix is None or not prefix.exact or generator is None or job.uid is None:
-            return
-        self.retain(job, generator.extract_cache([job.uid]))
+    @property
+    def snapshots_wanted(self) -> bool:
+        """A model whose cache cannot be trimmed is reusable only where a snapshot was taken:
+        the end of a prompt (all but its last token) is where the next turn continues, so the
+        batch reports each prompt's caches there."""
+        return self.prefix is not None and self.prefix.exact
 
     def save(self, *, one_step: bool) -> None:
         prefix = self.prefix

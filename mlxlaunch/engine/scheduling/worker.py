@@ -2,9 +2,10 @@
 
 Every MLX call — loading, prefill, decode, cache handling — happens on this thread. Other
 threads hand it work with `post(fn)` (a callable run between steps); results go back through
-each job's `EventSink`. Generation runs on mlx-lm's `BatchGenerator`, so requests decode
-together and long prompts prefill in slices interleaved with decode steps, each slice sized to
-a share of the decode step's time (see `prefill_pacing`).
+each job's `EventSink`. Generation runs on one `Batch` (batch.py), so requests decode together
+(several tokens per step where drafts are accepted: speculative decoding) and long prompts
+prefill in slices interleaved with decode steps, each slice sized to a share of the decode
+step's time (see `prefill_pacing`).
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ import queue
 import threading
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.generate import BatchGenerator
 
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.decoding.grammar import forget_tokenizer
@@ -31,16 +32,15 @@ from mlxlaunch.engine.runtime import cpu_attention, freed_memory
 from mlxlaunch.engine.runtime.loader import LoadedModel, load_model
 from mlxlaunch.engine.runtime.memory import MemoryBudget, apply_memory_limits, kv_bytes_per_token
 from mlxlaunch.engine.runtime.mlx_thread import run_on_mlx_thread
-from mlxlaunch.engine.runtime.warmup import RESTORED_WARMUP_TOKENS, warm_up_loaded
-from mlxlaunch.engine.scheduling.first_token import sampled_first_tokens
-from mlxlaunch.engine.scheduling.generator_step import batch_generator
-from mlxlaunch.engine.scheduling.generator_step import step as generator_step
-from mlxlaunch.engine.scheduling.job import Job, OutputStream
-from mlxlaunch.engine.scheduling.lockstep import Lockstep, cluster_insert, greedy
+from mlxlaunch.engine.scheduling.batch import Batch, Counters, greedy, make_batch
+from mlxlaunch.engine.scheduling.job import Job, OutputStream, batched_delivery
+from mlxlaunch.engine.scheduling.lockstep import Lockstep, cluster_insert
 from mlxlaunch.engine.scheduling.prefill_pacing import PrefillPacer
 from mlxlaunch.engine.scheduling.prompt_caches import PromptCaches
 from mlxlaunch.engine.scheduling.retention import adopt_reply
+from mlxlaunch.engine.scheduling.speculation import OFF, plan_speculation
 from mlxlaunch.engine.scheduling.sweeper import IdleSweeper
+from mlxlaunch.engine.scheduling.warmup import RESTORED_WARMUP_TOKENS, warm_up_loaded
 from mlxlaunch.engine.stats import StatsBook
 from mlxlaunch.engine.types import (
     Admitted,
@@ -64,7 +64,7 @@ Command = Callable[[], None]
 SAVE_AFTER_IDLE_S = 1.0
 # How often (seconds) the worker refreshes the memory figures in stats.
 MEMORY_POLL_S = 1.0
-# Length (seconds) of one window over which the generator's speed counters are read.
+# Length (seconds) of one window over which the batch's speed counters are read.
 MEASURE_WINDOW_S = 0.5
 
 
@@ -90,9 +90,10 @@ class Worker:
         self.tokenizer_lock = threading.Lock()
         self.loaded: LoadedModel | None = None
         self.renderer: PromptRenderer | None = None
-        self._generator: BatchGenerator | None = None
+        self.speculation = OFF  # decided at load: how sequences draft (speculative decoding)
+        self._generator: Batch | None = None
         self._waiting: deque[Job] = deque()
-        self._running: dict[int, Job] = {}  # BatchGenerator uid -> job
+        self._running: dict[int, Job] = {}  # batch uid -> job
         self._by_request_id: dict[str, Job] = {}
         self._caches = PromptCaches(config, stats, self.tokenizer_lock)  # set up at load
         # On a cluster: rank 0's channel to the other ranks (engine/cluster/), else None.
@@ -101,8 +102,8 @@ class Worker:
         self._pacer = PrefillPacer(config.prefill_chunk)
         self._memory_polled_at = float("-inf")
         self._idle_since: float | None = None  # when the batch and queue last became empty
-        # (generator, its stats() context, the stats it fills, window start)
-        self._window: tuple[BatchGenerator, Any, Any, float] | None = None
+        # (batch, its counters at the window's start, window start)
+        self._window: tuple[Batch, Counters, float] | None = None
 
     # --- any thread ---------------------------------------------------------------------
 
@@ -238,11 +239,12 @@ class Worker:
                 self._cluster_call(self._lockstep.beat)
             if idle and not self._running and not self._waiting:
                 self._sweep()
-            self._start_waiting()
-            if self._running:
-                self._step()
-            else:
-                self._pacer.pause()
+            with batched_delivery():  # one wake-up of each event loop per step
+                self._start_waiting()
+                if self._running:
+                    self._step()
+                else:
+                    self._pacer.pause()
             self._poll_memory()
         self._drain(block=False)  # commands posted before stop(): they see `_stopping`
         self._abandon_all(EngineUnavailable("the engine is shutting down"))
@@ -321,13 +323,15 @@ class Worker:
             processors = [lockstep.watch_logits, *processors] if processors else []
         agree = lockstep.agree if lockstep is not None else None
         cache = self._caches.cache_for(job, loaded.base_model, agree)
-        (uid,) = generator.insert(
-            [job.prompt[job.cached_tokens :]],
-            max_tokens=[job.max_tokens],
-            caches=[cache],
-            all_tokens=[job.prompt[: job.cached_tokens]],  # the tokens `cache` holds
-            samplers=[sampler],
-            logits_processors=[processors],
+        uid = generator.insert(
+            job.prompt[job.cached_tokens :],
+            max_tokens=job.max_tokens,
+            cache=cache,
+            held=job.prompt[: job.cached_tokens],  # the tokens `cache` holds
+            sampler=sampler,
+            processors=processors,
+            drafter=job.drafter,
+            snapshot=self._caches.snapshots_wanted,
         )
         job.uid = uid
         job.started_at = self.config.clock()
@@ -339,99 +343,70 @@ class Worker:
         self._measure(generator)
         prefilling = [job.last_progress < job.prompt_tokens for job in self._running.values()]
         slice_tokens = self._pacer.plan(decoding=not all(prefilling), prefilling=any(prefilling))
-        try:  # the step's forward pass included (generator_step.py)
+        try:  # the step's forward passes included (batch.py)
             if self._lockstep is not None:
                 self._lockstep.step(slice_tokens)
-            prompt_responses, generation_responses = generator_step(generator, slice_tokens)
+            prompt_responses, generation_responses = generator.step(slice_tokens)
         except Exception as exc:
             self._fail_batch(exc)
             return
         touched: list[Job] = []
-        prompts_ended: list[int] = []
         for progress in prompt_responses:
             job = self._running.get(progress.uid)
             if job is None:
                 continue
-            done = job.cached_tokens + int(progress.progress[0])
-            if not progress.end_of_prompt:  # the prompt's last token is a decode-sized step
+            done = job.cached_tokens + progress.done
+            if not progress.ended:  # the prompt's last token is a decode-sized step
                 self._pacer.prefilled(done - max(job.last_progress, job.cached_tokens))
             if done > job.last_progress:
                 job.last_progress = done
                 job.pending.append(Progress(done_tokens=done, total_tokens=job.prompt_tokens))
                 touched.append(job)
-            if progress.end_of_segment and done == job.prompt_tokens - 1:
-                self._caches.snapshot(job, generator)
-            if progress.end_of_prompt:
-                prompts_ended.append(progress.uid)
-        for uid, token in sampled_first_tokens(generator, prompts_ended).items():
-            job = self._running.get(uid)
-            if job is not None and self._send_ahead(job, token):
-                touched.append(job)
+            if progress.snapshot is not None:  # all but the prompt's last token are in
+                self._caches.retain(job, {progress.uid: progress.snapshot})
         for response in generation_responses:
             job = self._running.get(response.uid)
             if job is None:
                 continue
-            sent = job.sent_ahead is not None
-            if sent and response.token != job.sent_ahead:  # never expected: fail loudly
-                self._remove_from_batch(job)
-                self._end_with_error(job, GenerationFailed("the first token changed"))
-                continue
-            job.sent_ahead = None
-            if response.finish_reason == "stop" and self.renderer is not None:
-                adopt_reply(self.renderer, response.all_tokens, response.token)
-            try:
-                self._on_token(job, response.token, response.finish_reason, already_sent=sent)
-            except Exception as exc:  # parser or detokenizer trouble is this job's alone
-                self._output_failed(job, exc)
-                continue
+            job.drafted += response.drafted
+            job.accepted += response.accepted
+            last = len(response.tokens) - 1
+            for i, token in enumerate(response.tokens):
+                finish = response.finish_reason if i == last else None
+                if finish == "stop" and self.renderer is not None and response.held is not None:
+                    adopt_reply(self.renderer, response.held[1], token)
+                try:
+                    self._on_token(job, token, finish)
+                except Exception as exc:  # parser or detokenizer trouble is this job's alone
+                    self._output_failed(job, exc)
+                    break
+                if job.finished:  # a stop sequence, a tool call's end: the rest is not shown
+                    break
+            if response.held is not None:  # a finished sequence's prompt and output KV
+                self._caches.retain(job, {response.uid: response.held})
             touched.append(job)
-            if response.finish_reason is not None and response.prompt_cache is not None:
-                # The generator hands back a finished sequence's cache: prompt and output.
-                caches = {response.uid: (response.prompt_cache, response.all_tokens)}
-                self._caches.retain(job, caches)
         for job in touched:
             job.flush()
-
-    def _send_ahead(self, job: Job, token: int) -> bool:
-        """Send a first token before the generator reports it (see first_token.py), unless
-        the generator will end the sequence on it: an end-of-turn token, or max_tokens 1."""
-        loaded = self.loaded
-        if loaded is None or job.max_tokens <= 1 or token in loaded.info.eos_token_ids:
-            return False
-        try:
-            self._on_token(job, token, None)
-        except Exception as exc:  # parser or detokenizer trouble is this job's alone
-            self._output_failed(job, exc)
-            return False
-        if not job.finished:
-            job.sent_ahead = token
-        return True
 
     def _output_failed(self, job: Job, exc: Exception) -> None:
         self._remove_from_batch(job)
         self._end_with_error(job, GenerationFailed(f"output processing failed: {exc}"))
 
-    def _on_token(
-        self, job: Job, token: int, finish_reason: str | None, *, already_sent: bool = False
-    ) -> None:
-        """Count and parse one generated token, and end the job when it ends the output.
-        `already_sent`: the token went out ahead; only the generator's verdict is new."""
+    def _on_token(self, job: Job, token: int, finish_reason: str | None) -> None:
+        """Count and parse one generated token, and end the job when it ends the output."""
         output = job.output
         assert output is not None
         # A grammar that broke down mid-generation fails the request: its output must not
         # end as if complete (ConstraintBroken, through the job's own error path).
         job.decoding.check()
-        if not already_sent:
-            now = self.config.clock()
-            if job.first_token_at is None:
-                job.first_token_at = now
-            job.output_tokens += 1
+        if job.first_token_at is None:
+            job.first_token_at = self.config.clock()
+        job.output_tokens += 1
         if finish_reason == "stop":  # an end-of-turn token: never shown as text
             self._running.pop(job.uid or 0, None)
             self._complete(job, "end_turn")
             return
-        if not already_sent:
-            job.pending.extend(output.push(token))
+        job.pending.extend(output.push(token))
         if output.parser.done:  # a stop sequence, or the last allowed tool call
             self._remove_from_batch(job)
             self._complete(job, "stop_sequence" if output.parser.stopped else "tool_use")
@@ -537,7 +512,7 @@ class Worker:
         try:
             if self._lockstep is not None:
                 self._lockstep.remove([job.uid])
-            self._caches.retain(job, self._generator.remove([job.uid], True))
+            self._caches.retain(job, self._generator.remove([job.uid]))
         except Exception as exc:
             self._fail_batch(exc)
 
@@ -560,6 +535,8 @@ class Worker:
             if self._lockstep is not None:
                 self._lockstep.load()
             loaded = load_model(self.config)
+            cluster = self._lockstep is not None
+            self.speculation = plan_speculation(self.config, loaded, cluster=cluster)
         except BaseException:
             self.stats.state = "unloaded"
             raise
@@ -598,38 +575,38 @@ class Worker:
             raise EngineUnavailable("no model is loaded")
         return self.loaded
 
-    def _batch_generator(self) -> BatchGenerator:
+    def _batch_generator(self) -> Batch:
         if self._generator is None:
             loaded = self._require_loaded()
             sampler = self._lockstep.sampler(greedy) if self._lockstep is not None else None
-            self._generator = batch_generator(loaded, self.config, sampler)
+            self._generator = make_batch(loaded, self.config, sampler, self.speculation)
         return self._generator
 
-    def _measure(self, generator: BatchGenerator) -> None:
-        """Feed the recent-speed figures from the generator's own counters.
-
-        `BatchGenerator.stats()` snapshots cost tens of microseconds, so one measuring window
-        spans many steps instead of wrapping each.
-        """
+    def _measure(self, generator: Batch) -> None:
+        """Feed the recent-speed figures from the batch's own counters, one window over many
+        steps."""
         now = self.config.clock()
         window = self._window
-        if window is not None and window[0] is generator and now - window[3] < MEASURE_WINDOW_S:
+        if window is not None and window[0] is generator and now - window[2] < MEASURE_WINDOW_S:
             return
         self._end_measure()
-        context = generator.stats()
-        self._window = (generator, context, context.__enter__(), now)
+        self._window = (generator, replace(generator.counters), now)
 
     def _end_measure(self) -> None:
         if self._window is None:
             return
-        _, context, measured, _ = self._window
+        generator, start, _ = self._window
         self._window = None
-        context.__exit__(None, None, None)
+        now = generator.counters
         self.stats.step(
-            measured.prompt_tokens,
-            measured.prompt_time,
-            measured.generation_tokens,
-            measured.decode_time,
+            now.prompt_tokens - start.prompt_tokens,
+            now.prompt_time - start.prompt_time,
+            now.generation_tokens - start.generation_tokens,
+            now.decode_time - start.decode_time,
+        )
+        self.stats.count(
+            drafted_tokens=now.drafted_tokens - start.drafted_tokens,
+            accepted_tokens=now.accepted_tokens - start.accepted_tokens,
         )
 
     def _close_generator(self) -> None:

@@ -4,7 +4,7 @@ The first forward pass in a fresh process is slow for reasons that have nothing 
 prompt: MLX builds its kernels and compiled graphs (the sampler's, the activations'), fills
 its buffer cache, and mlx-lm sets up its generation stream. After a restart that cost lands on
 the user's first turn. Running a few tokens through the same kind of batch generator the
-worker uses, right after load, moves it to before the server announces itself.
+worker uses (`batch.Batch`), right after load, moves it to before the server announces itself.
 
 After a restart the first request also continues a long restored prefix, and the first
 prefill at that context length in a process is markedly slower than the next ones (~45 vs
@@ -25,8 +25,9 @@ import time
 from typing import Any
 
 import mlx.nn as nn
-from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
+
+from mlxlaunch.engine.scheduling.batch import Batch
 
 log = logging.getLogger(__name__)
 
@@ -60,30 +61,23 @@ def warm_up(
     # Any ids do (every vocabulary has the first few); the generator has no stop tokens, so
     # it always reaches its decode step.
     prompt = [i % WARMUP_PROMPT_TOKENS for i in range(prompt_tokens)]
-    generator: BatchGenerator | None = None
     try:
-        generator = BatchGenerator(
-            model,
-            completion_batch_size=width,
-            prefill_batch_size=width,
-            prefill_step_size=prefill_chunk,
-        )
-        generator.insert(
-            [prompt],
-            max_tokens=[WARMUP_OUTPUT_TOKENS],
-            caches=[cache if cache is not None else list(make_prompt_cache(model))],
-            samplers=[sampler],
+        batch = Batch(model, stop_tokens=(), width=width, prefill_chunk=prefill_chunk)
+        batch.insert(
+            prompt,
+            max_tokens=WARMUP_OUTPUT_TOKENS,
+            cache=cache if cache is not None else list(make_prompt_cache(model)),
+            held=[],
+            sampler=sampler,
         )
         for _ in range(_MAX_STEPS):
-            _, generated = generator.next()
-            if any(r.finish_reason is not None for r in generated):
+            _, generated = batch.step(prefill_chunk)
+            if any(e.finish_reason is not None for e in generated):
                 break
+        batch.close()
     except Exception:
         log.warning("model warm-up failed; the first request will be slower", exc_info=True)
         return None
-    finally:
-        if generator is not None:
-            generator.close()
     elapsed = time.perf_counter() - start
     log.debug("warm-up took %.1f ms", elapsed * 1000)
     return elapsed
