@@ -28,12 +28,8 @@ from mlxlaunch.engine.prompt.conversation import (
     split_parallel_calls,
 )
 from mlxlaunch.engine.prompt.render import PromptRenderer
-from mlxlaunch.engine.prompt.template_behaviour import (
-    FAITHFUL,
-    TemplateBehaviour,
-    in_order,
-    probe_template,
-)
+from mlxlaunch.engine.prompt.template_behaviour import in_order, probe_template
+from mlxlaunch.engine.prompt.template_modes import FAITHFUL, TemplateBehaviour
 from mlxlaunch.engine.prompt.template_shape import message_to_template
 from mlxlaunch.engine.prompt.tool_definitions import (
     deepseek_v31_section,
