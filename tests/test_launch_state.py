@@ -136,3 +136,16 @@ def test_partial_reading_needs_only_the_pid() -> None:
         state.RunState.from_json({"url": "x"}, partial=True)
     with pytest.raises(ValueError):
         state.RunState.from_json([1, 2], partial=True)  # type: ignore[arg-type]
+
+
+def test_a_malformed_record_is_refused_naming_its_field() -> None:
+    data = json.loads(json.dumps(dataclasses.asdict(_state(1))))
+    data["client"] = {"model_id": "m", "small_model_id": "s", "context_window": "4096"}
+    with pytest.raises(ValueError, match=r"'client\.max_output_tokens': Field required"):
+        state.RunState.from_json(data)
+    data["client"] = None
+    data["pid"] = "one"
+    with pytest.raises(ValueError, match=r"'pid': .*integer"):
+        state.RunState.from_json(data)
+    data["pid"] = "7"  # what pydantic converts, it reads
+    assert state.RunState.from_json(data).pid == 7
