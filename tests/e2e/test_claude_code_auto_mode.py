@@ -26,12 +26,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e.claude_cli import CLAUDE_CODE_VERSION, claude_cache_dir, install_real_claude
+from engine_helpers import serve
 
-from mlxlaunch.engine.config import EngineConfig
-from mlxlaunch.engine.engine import Engine
-from mlxlaunch.server.app import ServerSettings
-from mlxlaunch.server.runner import ServerHandle, start_server
+from mlxlaunch.server.runner import ServerHandle
 from mlxlaunch.testing.scripted import ScriptedOutput
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -49,27 +46,12 @@ ANSI = re.compile(
 )
 
 
-@pytest.fixture(scope="module")
-def real_claude() -> Path:
-    """The pinned Claude Code, installed once per machine with npm."""
-    binary = install_real_claude(claude_cache_dir())
-    if binary is None:
-        pytest.skip(f"npm is not installed: cannot install Claude Code {CLAUDE_CODE_VERSION}")
-    return binary
-
-
 @pytest.fixture  # one per test: each starts with an empty script queue
 def served(small_model_dir: Path) -> Iterator[tuple[ServerHandle, ScriptedOutput]]:
-    scripted = ScriptedOutput()
-    engine = Engine(EngineConfig(model=str(small_model_dir), logits_hook=scripted))
-    engine.start()
     # The test model is far under the size the check needs by default: judge anyway.
-    server = start_server(engine, ServerSettings(auth_token=TOKEN, safeguards_min_parameters=0))
-    try:
-        yield server, scripted
-    finally:
-        server.stop()
-        engine.close()
+    settings = {"safeguards_min_parameters": 0}
+    with serve(small_model_dir, token=TOKEN, settings=settings) as server:
+        yield server.server, server.scripted
 
 
 def verdict(outcome: str, explanation: str) -> str:

@@ -10,13 +10,13 @@ Codex asks for reasoning summaries, so the test model thinks: each reply closes 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
 from e2e.claude_cli import claude_cache_dir
+from e2e.launching import launch_env, run_launch
 from scripted_mlx import scripted_mlx_command, write_script
 
 from mlxlaunch.launch.agent_bin import install_agent, pinned_binary
@@ -53,22 +53,6 @@ def real_codex() -> Path:
     return binary
 
 
-def launch_env(tmp_path: Path) -> dict[str, str]:
-    """The environment of a user with a fresh home and no provider settings of their own."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("ANTHROPIC_", "CLAUDE_", "OPENAI_", "CODEX_", "OPENCODE"))
-    }
-    env.update(
-        HOME=str(tmp_path / "user"),
-        MLXLAUNCH_HOME=str(tmp_path / "mlx"),
-        MLXLAUNCH_CONFIG_DIR=str(tmp_path / "mlx-config"),
-        PWD=str(tmp_path / "work"),  # opencode takes its directory from $PWD, as shells set it
-    )
-    return env
-
-
 def test_codex_exec_runs_a_shell_tool_round_trip(
     tmp_path: Path, real_codex: Path, small_model_dir: Path
 ) -> None:
@@ -82,7 +66,7 @@ def test_codex_exec_runs_a_shell_tool_round_trip(
     tool_turn = f"</think>\n\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
     final = "The proof file is written."
     script = write_script(tmp_path / "script.json", [tool_turn] + [f"</think>\n\n{final}"] * 3)
-    done = subprocess.run(
+    done, log = run_launch(
         [
             *scripted_mlx_command(script),
             "launch",
@@ -95,16 +79,10 @@ def test_codex_exec_runs_a_shell_tool_round_trip(
             "exec",
             "write the proof file",
         ],
-        cwd=work,
-        env=launch_env(tmp_path),
-        capture_output=True,
-        text=True,
+        work,
+        launch_env(tmp_path),
         timeout=420,
-        stdin=subprocess.DEVNULL,
-        check=False,
     )
-    logs = list((tmp_path / "mlx" / "logs").glob("launch-*.log"))
-    log = logs[0].read_text() if logs else ""
     assert done.returncode == 0, done.stdout + done.stderr + log
     assert (work / "proof.txt").read_text().strip() == "codex-proof", done.stderr + log
     assert final in done.stdout + done.stderr

@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from e2e.test_codex import launch_env, real_codex  # noqa: F401  (fixture)
+from e2e.launching import launch_env, run_launch
+from e2e.test_codex import real_codex  # noqa: F401  (fixture)
 from e2e.test_opencode import real_opencode  # noqa: F401  (fixture)
 
 from mlxlaunch.testing.demo import DEMO_FILE_TEXT
@@ -24,18 +25,9 @@ def _launch(tmp_path: Path, agent: str, binary: Path, words: list[str]) -> tuple
     work.mkdir()
     (tmp_path / "user").mkdir()
     subprocess.run(["git", "init", "-q", str(work)], check=True)  # codex exec's own rule
-    done = subprocess.run(
-        [*MLX, "launch", agent, "--model", "demo", f"--{agent}-bin", str(binary), "--", *words],
-        cwd=work,
-        env=launch_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=420,
-        stdin=subprocess.DEVNULL,
-        check=False,
-    )
-    logs = list((tmp_path / "mlx" / "logs").glob("launch-*.log"))
-    said = done.stdout + done.stderr + (logs[0].read_text() if logs else "")
+    argv = [*MLX, "launch", agent, "--model", "demo", f"--{agent}-bin", str(binary), "--", *words]
+    done, log = run_launch(argv, work, launch_env(tmp_path), timeout=420)
+    said = done.stdout + done.stderr + log
     assert done.returncode == 0, said
     return said, work
 

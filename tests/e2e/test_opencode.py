@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
-from e2e.test_codex import install_pinned, launch_env
+from e2e.launching import launch_env, run_launch
+from e2e.test_codex import install_pinned
 from scripted_mlx import scripted_mlx_command, write_script
 
 from mlxlaunch.launch.integrations import OPENCODE
@@ -50,7 +50,7 @@ def test_opencode_run_runs_a_bash_tool_round_trip(
     script = write_script(
         tmp_path / "script.json", [tool_turn] + [final] * 4, untooled=["Proof file"]
     )
-    done = subprocess.run(
+    done, log = run_launch(
         [
             *scripted_mlx_command(script),
             "launch",
@@ -63,16 +63,10 @@ def test_opencode_run_runs_a_bash_tool_round_trip(
             "run",
             "write the proof file",
         ],
-        cwd=work,
-        env=launch_env(tmp_path),
-        capture_output=True,
-        text=True,
+        work,
+        launch_env(tmp_path),
         timeout=420,
-        stdin=subprocess.DEVNULL,
-        check=False,
     )
-    logs = list((tmp_path / "mlx" / "logs").glob("launch-*.log"))
-    log = logs[0].read_text() if logs else ""
     assert done.returncode == 0, done.stdout + done.stderr + log
     assert (work / "proof.txt").read_text().strip() == "opencode-proof", (
         done.stdout + done.stderr + log
