@@ -11,21 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from run_records import run_record
 
 from mlxlaunch.launch import state
 
 
 def _state(pid: int, started_at: float = 1.0) -> state.RunState:
-    return state.RunState(
-        pid=pid,
-        url="http://127.0.0.1:1234",
-        token="tok",
-        model="demo",
-        model_path="/m",
-        log_file="/l.log",
-        kind="launch",
-        started_at=started_at,
-    )
+    return run_record(pid, started_at=started_at)
 
 
 def _dead_pid() -> int:
