@@ -24,7 +24,15 @@ from mlx_lm.tokenizer_utils import load as load_tokenizer
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
 from mlxlaunch.engine.prompt.render import PromptRenderer
-from mlxlaunch.engine.types import Done, EngineEvent, GenerationRequest, TextDelta, ToolSpec
+from mlxlaunch.engine.types import (
+    ChatMessage,
+    Done,
+    EngineEvent,
+    GenerationRequest,
+    Sampling,
+    TextDelta,
+    ToolSpec,
+)
 from mlxlaunch.server.app import ServerSettings
 from mlxlaunch.server.runner import ServerHandle, start_server
 from mlxlaunch.testing.scripted import ScriptedOutput
@@ -60,6 +68,16 @@ async def collect(events: AsyncIterator[EngineEvent]) -> list[EngineEvent]:
 def text_of(events: list[EngineEvent]) -> str:
     """The visible text of a stream's events."""
     return "".join(e.text for e in events if isinstance(e, TextDelta))
+
+
+def greedy_request(request_id: str, text: str, max_tokens: int) -> GenerationRequest:
+    """One user turn of `text`, decoded greedily."""
+    return GenerationRequest(
+        messages=[ChatMessage("user", text)],
+        max_tokens=max_tokens,
+        sampling=Sampling(temperature=0.0),
+        request_id=request_id,
+    )
 
 
 async def run(engine: Engine, request: GenerationRequest) -> tuple[Done, str]:

@@ -22,18 +22,16 @@ import asyncio
 import statistics
 import time
 import uuid
-from collections.abc import Iterator
 from itertools import pairwise
 from pathlib import Path
 
 import mlx.core as mx
 import pytest
-from engine_helpers import wait_until
+from engine_helpers import greedy_request, wait_until
 
-from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
 from mlxlaunch.engine.scheduling.batch import Batch
-from mlxlaunch.engine.types import Admitted, ChatMessage, GenerationRequest, Sampling, TextDelta
+from mlxlaunch.engine.types import Admitted, TextDelta
 from mlxlaunch.testing.scripted import ForcedTokens, ScriptedOutput
 
 pytestmark = pytest.mark.slow  # the tests load a model
@@ -47,30 +45,7 @@ LONG_PROMPT_REPEATS = 300
 MAX_GAP_IN_STEPS = 30
 
 
-@pytest.fixture(scope="module")
-def medium_model_dir() -> Path:
-    """The 2-layer, hidden-128 test model: a decode step is milliseconds, a prefill seconds."""
-    from mlxlaunch.testing import ensure_test_model
-
-    return ensure_test_model("medium")
-
-
-@pytest.fixture
-def medium_engine(medium_model_dir: Path) -> Iterator[tuple[Engine, ScriptedOutput]]:
-    scripted = ScriptedOutput()
-    engine = Engine(EngineConfig(model=str(medium_model_dir), logits_hook=scripted))
-    engine.start()
-    yield engine, scripted
-    engine.close()
-
-
-def request(request_id: str, text: str, max_tokens: int) -> GenerationRequest:
-    return GenerationRequest(
-        messages=[ChatMessage("user", text)],
-        max_tokens=max_tokens,
-        sampling=Sampling(temperature=0.0),
-        request_id=request_id,
-    )
+request = greedy_request
 
 
 def gaps(times: list[float]) -> list[float]:

@@ -21,21 +21,16 @@ import asyncio
 import random
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from engine_helpers import wait_until
+from engine_helpers import greedy_request, wait_until
 
-from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
 from mlxlaunch.engine.scheduling.prefill_pacing import MIN_SLICE_S, PREFILL_SHARE, PrefillPacer
 from mlxlaunch.engine.types import (
     Admitted,
-    ChatMessage,
-    GenerationRequest,
-    Sampling,
     TextDelta,
 )
 from mlxlaunch.testing.scripted import ScriptedOutput
@@ -152,30 +147,7 @@ LONG_PROMPT_REPEATS = 900
 MAX_SLOWDOWN = 4.0
 
 
-@pytest.fixture(scope="module")
-def medium_model_dir() -> Path:
-    """The 2-layer, hidden-128 test model: its prefill of 8k tokens takes seconds here."""
-    from mlxlaunch.testing import ensure_test_model
-
-    return ensure_test_model("medium")
-
-
-@pytest.fixture
-def medium_engine(medium_model_dir: Path) -> Iterator[tuple[Engine, ScriptedOutput]]:
-    scripted = ScriptedOutput()
-    engine = Engine(EngineConfig(model=str(medium_model_dir), logits_hook=scripted))
-    engine.start()
-    yield engine, scripted
-    engine.close()
-
-
-def request(request_id: str, text: str, max_tokens: int) -> GenerationRequest:
-    return GenerationRequest(
-        messages=[ChatMessage("user", text)],
-        max_tokens=max_tokens,
-        sampling=Sampling(temperature=0.0),
-        request_id=request_id,
-    )
+request = greedy_request
 
 
 def mean_gap(times: list[float]) -> float:

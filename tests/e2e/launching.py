@@ -2,7 +2,8 @@
 
 A fresh home for each test (its own `HOME`, mlxlaunch home and config, Claude Code's config),
 none of the caller's provider settings, and the launch's own log read back afterwards. The
-`real_claude` fixture is the pinned Claude Code, installed once per machine with npm.
+`real_claude`, `real_codex` and `real_opencode` fixtures are the pinned agents, installed once
+per machine with npm.
 """
 
 from __future__ import annotations
@@ -11,11 +12,15 @@ import os
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from cli_process import MLX, run_quietly
 
-__all__ = ["MLX", "launch_env", "real_claude", "run_launch"]
+__all__ = ["MLX", "launch_env", "real_claude", "real_codex", "real_opencode", "run_launch"]
+
+if TYPE_CHECKING:
+    from mlxlaunch.launch.integrations import Integration
 
 # Settings a developer's own shell may carry, which would point an agent elsewhere.
 PROVIDER_PREFIXES = ("ANTHROPIC_", "CLAUDE_", "OPENAI_", "CODEX_", "OPENCODE")
@@ -30,6 +35,48 @@ def real_claude() -> Path:
     if binary is None:
         pytest.skip(f"npm is not installed: cannot install Claude Code {CLAUDE_CODE_VERSION}")
     return binary
+
+
+def agent_prefix(agent: Integration) -> Path:
+    """Where tests keep an agent's pinned npm install, shared across runs."""
+    from e2e.claude_cli import claude_cache_dir
+
+    return claude_cache_dir().parent / "npm-agents" / agent.name / agent.release.version
+
+
+def install_pinned(agent: Integration) -> Path | None:
+    """The pinned release, installed once per machine by the product's installer; None: no npm."""
+    from mlxlaunch.launch.agent_bin import install_agent, pinned_binary
+
+    binary = pinned_binary(agent, agent_prefix(agent))
+    if binary.exists():
+        return binary
+    if subprocess.run(["which", "npm"], capture_output=True, check=False).returncode != 0:
+        return None
+    return install_agent(agent, agent_prefix(agent), timeout=900)
+
+
+def _pinned_or_skip(agent: Integration) -> Path:
+    binary = install_pinned(agent)
+    if binary is None:
+        pytest.skip(f"npm is not installed: cannot install {agent.title} {agent.release.version}")
+    return binary
+
+
+@pytest.fixture(scope="session")
+def real_codex() -> Path:
+    """The pinned Codex CLI, installed once per machine with npm."""
+    from mlxlaunch.launch.integrations import CODEX
+
+    return _pinned_or_skip(CODEX)
+
+
+@pytest.fixture(scope="session")
+def real_opencode() -> Path:
+    """The pinned opencode, installed once per machine with npm."""
+    from mlxlaunch.launch.integrations import OPENCODE
+
+    return _pinned_or_skip(OPENCODE)
 
 
 def launch_env(tmp_path: Path) -> dict[str, str]:

@@ -122,23 +122,37 @@ def squeeze(screen: bytes | str) -> str:
     return re.sub(r"\s+", "", ANSI.sub(b"", raw).decode("utf-8", errors="replace"))
 
 
+def _judged_run(
+    tmp_path: Path,
+    real_claude: Path,
+    served: tuple[ServerHandle, ScriptedOutput],
+    caplog: pytest.LogCaptureFixture,
+    judged: tuple[str, str],
+) -> tuple[str, list[str]]:
+    """Claude Code in auto mode runs the script's command; the server's safety check says
+    `judged` (outcome, explanation). The screen, and the server's safety-check log lines."""
+    server, scripted = served
+    scripted.enqueue(text=TOOL_TURN)
+    scripted.enqueue(text=verdict(*judged))
+    for _ in range(3):
+        scripted.enqueue(text=f"</think>\n\n{FINAL}")
+    with caplog.at_level(logging.INFO, logger="mlxlaunch.server"):
+        screen = run_on_pty(real_claude, tmp_path, server.url, "run the script", until=FINAL)
+    checks = [r.getMessage() for r in caplog.records if "safety check:" in r.getMessage()]
+    return screen, checks
+
+
 def test_an_allowed_command_runs_without_the_cant_check_dialog(
     tmp_path: Path,
     real_claude: Path,
     served: tuple[ServerHandle, ScriptedOutput],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    server, scripted = served
-    scripted.enqueue(text=TOOL_TURN)
-    scripted.enqueue(text=verdict("not_flagged", "The user asked to run this script."))
-    for _ in range(3):
-        scripted.enqueue(text=f"</think>\n\n{FINAL}")
-    with caplog.at_level(logging.INFO, logger="mlxlaunch.server"):
-        screen = run_on_pty(real_claude, tmp_path, server.url, "run the script", until=FINAL)
+    judged = ("not_flagged", "The user asked to run this script.")
+    screen, checks = _judged_run(tmp_path, real_claude, served, caplog, judged)
     assert (tmp_path / "work" / "out.txt").read_text().strip() == "42", screen[-3000:]
     assert NO_CHECK not in squeeze(screen), screen[-3000:]
     assert "auto mode on" in screen
-    checks = [r.getMessage() for r in caplog.records if "safety check:" in r.getMessage()]
     assert checks and "calls=1 flagged=0" in checks[0], checks
 
 
@@ -148,14 +162,8 @@ def test_a_flagged_command_is_blocked_by_the_servers_verdict(
     served: tuple[ServerHandle, ScriptedOutput],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    server, scripted = served
-    scripted.enqueue(text=TOOL_TURN)
-    scripted.enqueue(text=verdict("flagged", "Runs code the user did not ask for."))
-    for _ in range(3):
-        scripted.enqueue(text=f"</think>\n\n{FINAL}")
-    with caplog.at_level(logging.INFO, logger="mlxlaunch.server"):
-        screen = run_on_pty(real_claude, tmp_path, server.url, "run the script", until=FINAL)
+    judged = ("flagged", "Runs code the user did not ask for.")
+    screen, checks = _judged_run(tmp_path, real_claude, served, caplog, judged)
     assert not (tmp_path / "work" / "out.txt").exists(), screen[-3000:]
     assert NO_CHECK not in squeeze(screen), screen[-3000:]
-    checks = [r.getMessage() for r in caplog.records if "safety check:" in r.getMessage()]
     assert checks and "calls=1 flagged=1" in checks[0], checks

@@ -15,42 +15,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from e2e.claude_cli import claude_cache_dir
 from e2e.launching import launch_env, run_launch
 from scripted_mlx import scripted_mlx_command, write_script
-
-from mlxlaunch.launch.agent_bin import install_agent, pinned_binary
-from mlxlaunch.launch.codex_config import CODEX_VERSION
-from mlxlaunch.launch.integrations import CODEX, Integration
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 RESPONSE_LINE = re.compile(
     r"mlxlaunch\.server: resp_\w+ .* prompt=(\d+) cached=(\d+) .* status=200"
 )
-
-
-def agent_prefix(agent: Integration) -> Path:
-    """Where tests keep an agent's pinned npm install, shared across runs."""
-    return claude_cache_dir().parent / "npm-agents" / agent.name / agent.release.version
-
-
-def install_pinned(agent: Integration) -> Path | None:
-    """The pinned release, installed once per machine by the product's installer; None: no npm."""
-    binary = pinned_binary(agent, agent_prefix(agent))
-    if binary.exists():
-        return binary
-    if subprocess.run(["which", "npm"], capture_output=True, check=False).returncode != 0:
-        return None
-    return install_agent(agent, agent_prefix(agent), timeout=900)
-
-
-@pytest.fixture(scope="session")
-def real_codex() -> Path:
-    binary = install_pinned(CODEX)
-    if binary is None:
-        pytest.skip(f"npm is not installed: cannot install Codex {CODEX_VERSION}")
-    return binary
 
 
 def test_codex_exec_runs_a_shell_tool_round_trip(

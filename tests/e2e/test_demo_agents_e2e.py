@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 from e2e.launching import launch_env, run_launch
-from e2e.test_codex import real_codex  # noqa: F401  (fixture)
-from e2e.test_opencode import real_opencode  # noqa: F401  (fixture)
 
 from mlxlaunch.testing.demo import DEMO_FILE_TEXT
 
@@ -32,13 +30,13 @@ def _launch(tmp_path: Path, agent: str, binary: Path, words: list[str]) -> tuple
     return said, work
 
 
-def test_codex_exec_on_the_demo_runs_exec_command(tmp_path: Path, real_codex: Path) -> None:  # noqa: F811
+def test_codex_exec_on_the_demo_runs_exec_command(tmp_path: Path, real_codex: Path) -> None:
     said, work = _launch(tmp_path, "codex", real_codex, ["exec", "create the file proof.txt"])
     assert (work / "proof.txt").read_text().strip() == DEMO_FILE_TEXT, said
     assert "The exec_command call ran" in said, said
 
 
-def test_opencode_run_on_the_demo_runs_bash(tmp_path: Path, real_opencode: Path) -> None:  # noqa: F811
+def test_opencode_run_on_the_demo_runs_bash(tmp_path: Path, real_opencode: Path) -> None:
     said, work = _launch(tmp_path, "opencode", real_opencode, ["run", "create the file proof.txt"])
     assert (work / "proof.txt").read_text().strip() == DEMO_FILE_TEXT, said
     assert "The bash call ran" in said, said

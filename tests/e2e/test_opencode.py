@@ -14,23 +14,11 @@ from pathlib import Path
 
 import pytest
 from e2e.launching import launch_env, run_launch
-from e2e.test_codex import install_pinned
 from scripted_mlx import scripted_mlx_command, write_script
-
-from mlxlaunch.launch.integrations import OPENCODE
-from mlxlaunch.launch.opencode_config import OPENCODE_VERSION
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 CHAT_LINE = re.compile(r"mlxlaunch\.server: chatcmpl-?\w+ .*status=200")
-
-
-@pytest.fixture(scope="session")
-def real_opencode() -> Path:
-    binary = install_pinned(OPENCODE)
-    if binary is None:
-        pytest.skip(f"npm is not installed: cannot install opencode {OPENCODE_VERSION}")
-    return binary
 
 
 def test_opencode_run_runs_a_bash_tool_round_trip(
