@@ -10,13 +10,14 @@ import json
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import anthropic
 import httpx
+import mlx.core as mx
 import openai
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.tokenizer_utils import load as load_tokenizer
@@ -25,6 +26,7 @@ from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
 from mlxlaunch.engine.prompt.render import PromptRenderer
 from mlxlaunch.engine.types import (
+    Admitted,
     ChatMessage,
     Done,
     EngineEvent,
@@ -97,6 +99,45 @@ async def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(poll_s)
+
+
+@asynccontextmanager
+async def forced_streams(
+    engine: Engine, scripted: ScriptedOutput, count: int
+) -> AsyncIterator[list[list[float]]]:
+    """`count` requests (`stream-<i>`) decoding forced tokens while the block runs: the times
+    each one's tokens arrived. They are cancelled at the end of the block."""
+    arrivals: list[list[float]] = [[] for _ in range(count)]
+
+    async def stream(index: int) -> None:
+        request = greedy_request(f"stream-{index}", f"hi {index}", 30_000)
+        async for event in engine.submit(request):
+            if isinstance(event, TextDelta):
+                arrivals[index].append(time.monotonic())
+
+    for _ in range(count):
+        scripted.enqueue(" ".join(f"w{i}" for i in range(8000)))  # forced, token by token
+    streams = [asyncio.create_task(stream(i)) for i in range(count)]
+    try:
+        yield arrivals
+    finally:
+        for index in range(count):
+            engine.cancel(f"stream-{index}")
+        await asyncio.gather(*streams)
+
+
+async def timed_prompt(engine: Engine, text: str) -> tuple[Admitted, float, float]:
+    """`text` as a request of two tokens: its admission, when that came and when its first
+    token came (0.0: none)."""
+    admitted: Admitted | None = None
+    admitted_at = first_token_at = 0.0
+    async for event in engine.submit(greedy_request("long", text, 2)):
+        if isinstance(event, Admitted):
+            admitted, admitted_at = event, time.monotonic()
+        elif isinstance(event, TextDelta) and not first_token_at:
+            first_token_at = time.monotonic()
+    assert admitted is not None, "the prompt was never admitted"
+    return admitted, admitted_at, first_token_at
 
 
 @contextmanager
@@ -201,6 +242,40 @@ def scripted_server(model_dir: Path, token: str) -> Iterator[Served]:
     """`serve` with a token: output scripted, both SDKs as clients."""
     with serve(model_dir, token=token) as served:
         yield served
+
+
+class LogitsRecorder:
+    """A logits processor that leaves the logits alone and records what it saw: the sequence's
+    tokens so far (`context`), their number at the first step (`prompt_length`), and each
+    step's largest logit and logsumexp (`steps`)."""
+
+    def __init__(self) -> None:
+        self.context: list[int] = []
+        self.prompt_length: int | None = None
+        self.steps: list[tuple[float, float]] = []
+
+    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        if self.prompt_length is None:
+            self.prompt_length = int(tokens.shape[0])
+        self.steps.append((float(mx.max(logits).item()), float(mx.logsumexp(logits).item())))
+        self.context = cast(list[int], tokens.tolist())
+        return logits
+
+    @property
+    def first_logsumexp(self) -> float | None:
+        return self.steps[0][1] if self.steps else None
+
+
+def recording_hook(
+    recorders: list[LogitsRecorder],
+) -> Callable[[GenerationRequest, Any], list[LogitsRecorder]]:
+    """A logits hook that gives each request a recorder of its own, appended to `recorders`."""
+
+    def hook(request: GenerationRequest, tokenizer: Any) -> list[LogitsRecorder]:
+        recorders.append(LogitsRecorder())
+        return [recorders[-1]]
+
+    return hook
 
 
 class FakeClock:

@@ -104,15 +104,24 @@ async def test_a_duplicate_joins_the_running_generation_with_a_replay(
     assert engine.stats().counters.requests_admitted == 2
 
 
-@pytest.mark.slow
-async def test_one_listener_leaving_does_not_stop_the_others(
+async def first_and_retry(
     engine: Engine, scripted: ScriptedOutput
-) -> None:
+) -> tuple[AsyncIterator[EngineEvent], AsyncIterator[EngineEvent]]:
+    """One long generation with two listeners, the first request and its retry, each of which
+    has received a few deltas."""
     scripted.enqueue(LONG)
     first = engine.submit(request("first", max_tokens=3000))
     await take_deltas(first, 3)
     second = engine.submit(request("retry", max_tokens=3000))
     await take_deltas(second, 3)
+    return first, second
+
+
+@pytest.mark.slow
+async def test_one_listener_leaving_does_not_stop_the_others(
+    engine: Engine, scripted: ScriptedOutput
+) -> None:
+    first, second = await first_and_retry(engine, scripted)
     # The original client goes away: the retry keeps receiving.
     await first.aclose()  # type: ignore[attr-defined]
     more = await take_deltas(second, 50)
@@ -128,11 +137,7 @@ async def test_one_listener_leaving_does_not_stop_the_others(
 async def test_cancel_by_id_ends_only_that_listener(
     engine: Engine, scripted: ScriptedOutput
 ) -> None:
-    scripted.enqueue(LONG)
-    first = engine.submit(request("first", max_tokens=3000))
-    await take_deltas(first, 3)
-    second = engine.submit(request("retry", max_tokens=3000))
-    await take_deltas(second, 3)
+    first, second = await first_and_retry(engine, scripted)
     engine.cancel("retry")
     rest = await collect(second)
     done = rest[-1]

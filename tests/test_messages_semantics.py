@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import anthropic
 import httpx
-import mlx.core as mx
 import pytest
 from engine_helpers import BASH_CALL as CALL
 from engine_helpers import BASH_TOOL as BASH
-from engine_helpers import HI, Served
+from engine_helpers import HI, LogitsRecorder, Served, recording_hook
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
 from mlxlaunch.engine.config import EngineConfig
@@ -220,28 +219,9 @@ def test_display_omitted_sends_an_empty_thinking_block_with_a_signature(served: 
     assert "Secret plan" not in raw.text
 
 
-class TokenLog:
-    """A logits processor that leaves logits alone and remembers the context it saw."""
-
-    def __init__(self) -> None:
-        self.context: list[int] = []
-        self.prompt_length: int | None = None
-
-    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
-        if self.prompt_length is None:
-            self.prompt_length = int(tokens.shape[0])
-        self.context = cast(list[int], tokens.tolist())
-        return logits
-
-
 async def test_thinking_budget_closes_the_span(tiny_model_dir: Path) -> None:
-    logs: list[TokenLog] = []
-
-    def hook(request: GenerationRequest, tokenizer: Any) -> list[TokenLog]:
-        logs.append(TokenLog())
-        return [logs[-1]]
-
-    engine = Engine(EngineConfig(model=str(tiny_model_dir), logits_hook=hook))
+    logs: list[LogitsRecorder] = []
+    engine = Engine(EngineConfig(model=str(tiny_model_dir), logits_hook=recording_hook(logs)))
     budget = 6
     request = GenerationRequest(
         messages=[ChatMessage("user", "think about it")],
