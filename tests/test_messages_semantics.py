@@ -62,12 +62,7 @@ def _blocks(message: Any) -> list[dict[str, Any]]:
 
 def test_tool_round_trip_renders_the_result_in_place(served: Served) -> None:
     served.scripted.enqueue("Checking." + CALL)
-    first = served.client.messages.create(
-        model="m",
-        max_tokens=100,
-        messages=HI,
-        tools=[BASH],
-    )
+    first = served.client.messages.create(model="m", max_tokens=100, messages=HI, tools=[BASH])
     assert first.stop_reason == "tool_use"
     call = first.content[-1]
     assert call.type == "tool_use" and call.input == {"command": "ls"}
@@ -84,10 +79,7 @@ def test_tool_round_trip_renders_the_result_in_place(served: Served) -> None:
         },
     ]
     second = served.client.messages.create(
-        model="m",
-        max_tokens=100,
-        messages=history,
-        tools=[BASH],
+        model="m", max_tokens=100, messages=history, tools=[BASH]
     )
     assert second.stop_reason == "end_turn"
     assert [b.type for b in second.content] == ["text"]

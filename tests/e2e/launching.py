@@ -17,7 +17,15 @@ from typing import TYPE_CHECKING
 import pytest
 from cli_process import MLX, run_quietly
 
-__all__ = ["MLX", "launch_env", "real_claude", "real_codex", "real_opencode", "run_launch"]
+__all__ = [
+    "MLX",
+    "launch_argv",
+    "launch_env",
+    "real_claude",
+    "real_codex",
+    "real_opencode",
+    "run_launch",
+]
 
 if TYPE_CHECKING:
     from mlxlaunch.launch.integrations import Integration
@@ -91,6 +99,19 @@ def launch_env(tmp_path: Path) -> dict[str, str]:
         PWD=str(tmp_path / "work"),  # opencode takes its directory from $PWD, as shells set it
     )
     return env
+
+
+def launch_argv(
+    mlx: Sequence[str],
+    agent: str,
+    model: Path | str,
+    binary: Path,
+    words: Sequence[str],
+    *options: str,
+) -> list[str]:
+    """`MLX launch AGENT --model MODEL --AGENT-bin BINARY OPTIONS -- WORDS`."""
+    return [*mlx, "launch", agent, "--model", str(model), f"--{agent}-bin", str(binary), *options,
+            "--", *words]  # fmt: skip
 
 
 def run_launch(

@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from e2e.launching import MLX, launch_env, run_launch
+from e2e.launching import MLX, launch_argv, launch_env, run_launch
 from scripted_mlx import scripted_mlx_command, write_script
 
 from mlxlaunch.testing.demo import DEMO_FILE_TEXT
@@ -43,18 +43,14 @@ def _launch(
     if outputs is not None:
         mlx = scripted_mlx_command(write_script(tmp_path / "script.json", outputs))
     done, log = run_launch(
-        [
-            *mlx,
-            "launch",
+        launch_argv(
+            mlx,
             "claude",
-            "--model",
-            str(model),
-            "--claude-bin",
-            str(claude),
+            model,
+            claude,
+            claude_args,
             *(["--env", "CLAUDE_CODE_MAX_OUTPUT_TOKENS=64"] if outputs is not None else []),
-            "--",
-            *claude_args,
-        ],
+        ),
         work,
         launch_env(tmp_path),
         timeout=240,

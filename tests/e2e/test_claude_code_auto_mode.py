@@ -122,15 +122,24 @@ def squeeze(screen: bytes | str) -> str:
     return re.sub(r"\s+", "", ANSI.sub(b"", raw).decode("utf-8", errors="replace"))
 
 
-def _judged_run(
+@pytest.mark.parametrize(
+    ("judged", "runs"),
+    [
+        (("not_flagged", "The user asked to run this script."), True),
+        (("flagged", "Runs code the user did not ask for."), False),
+    ],
+    ids=["allowed-runs-without-the-cant-check-dialog", "flagged-is-blocked"],
+)
+def test_the_servers_verdict_decides_and_no_cant_check_dialog_shows(
     tmp_path: Path,
     real_claude: Path,
     served: tuple[ServerHandle, ScriptedOutput],
     caplog: pytest.LogCaptureFixture,
     judged: tuple[str, str],
-) -> tuple[str, list[str]]:
+    runs: bool,
+) -> None:
     """Claude Code in auto mode runs the script's command; the server's safety check says
-    `judged` (outcome, explanation). The screen, and the server's safety-check log lines."""
+    `judged` (outcome, explanation)."""
     server, scripted = served
     scripted.enqueue(text=TOOL_TURN)
     scripted.enqueue(text=verdict(*judged))
@@ -139,31 +148,11 @@ def _judged_run(
     with caplog.at_level(logging.INFO, logger="mlxlaunch.server"):
         screen = run_on_pty(real_claude, tmp_path, server.url, "run the script", until=FINAL)
     checks = [r.getMessage() for r in caplog.records if "safety check:" in r.getMessage()]
-    return screen, checks
-
-
-def test_an_allowed_command_runs_without_the_cant_check_dialog(
-    tmp_path: Path,
-    real_claude: Path,
-    served: tuple[ServerHandle, ScriptedOutput],
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    judged = ("not_flagged", "The user asked to run this script.")
-    screen, checks = _judged_run(tmp_path, real_claude, served, caplog, judged)
-    assert (tmp_path / "work" / "out.txt").read_text().strip() == "42", screen[-3000:]
+    out = tmp_path / "work" / "out.txt"
+    if runs:
+        assert out.read_text().strip() == "42", screen[-3000:]
+        assert "auto mode on" in screen
+    else:
+        assert not out.exists(), screen[-3000:]
     assert NO_CHECK not in squeeze(screen), screen[-3000:]
-    assert "auto mode on" in screen
-    assert checks and "calls=1 flagged=0" in checks[0], checks
-
-
-def test_a_flagged_command_is_blocked_by_the_servers_verdict(
-    tmp_path: Path,
-    real_claude: Path,
-    served: tuple[ServerHandle, ScriptedOutput],
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    judged = ("flagged", "Runs code the user did not ask for.")
-    screen, checks = _judged_run(tmp_path, real_claude, served, caplog, judged)
-    assert not (tmp_path / "work" / "out.txt").exists(), screen[-3000:]
-    assert NO_CHECK not in squeeze(screen), screen[-3000:]
-    assert checks and "calls=1 flagged=1" in checks[0], checks
+    assert checks and f"calls=1 flagged={int(not runs)}" in checks[0], checks

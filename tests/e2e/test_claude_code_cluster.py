@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from e2e.launching import launch_env, run_launch
+from e2e.launching import launch_argv, launch_env, run_launch
 from scripted_mlx import scripted_mlx_command, write_script
 
 from mlxlaunch.testing import ensure_test_model
@@ -43,24 +43,14 @@ def test_tool_round_trip_on_two_ranks(tmp_path: Path, real_claude: Path) -> None
     work = tmp_path / "work"
     work.mkdir()
     done, log = run_launch(
-        [
-            *scripted_mlx_command(script),
-            "launch",
+        launch_argv(
+            scripted_mlx_command(script),
             "claude",
-            "--model",
             "tiny-moe",
-            "--hosts",
-            HOSTS,
-            "--claude-bin",
-            str(real_claude),
-            "--env",
-            "CLAUDE_CODE_MAX_OUTPUT_TOKENS=64",
-            "--",
-            "-p",
-            "write the file",
-            "--allowedTools",
-            "Bash",
-        ],
+            real_claude,
+            ["-p", "write the file", "--allowedTools", "Bash"],
+            *("--hosts", HOSTS, "--env", "CLAUDE_CODE_MAX_OUTPUT_TOKENS=64"),
+        ),
         work,
         launch_env(tmp_path),
         timeout=300,

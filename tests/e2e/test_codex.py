@@ -15,7 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from e2e.launching import launch_env, run_launch
+from e2e.launching import launch_argv, launch_env, run_launch
 from scripted_mlx import scripted_mlx_command, write_script
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -38,23 +38,10 @@ def test_codex_exec_runs_a_shell_tool_round_trip(
     tool_turn = f"</think>\n\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
     final = "The proof file is written."
     script = write_script(tmp_path / "script.json", [tool_turn] + [f"</think>\n\n{final}"] * 3)
-    done, log = run_launch(
-        [
-            *scripted_mlx_command(script),
-            "launch",
-            "codex",
-            "--model",
-            str(small_model_dir),
-            "--codex-bin",
-            str(real_codex),
-            "--",
-            "exec",
-            "write the proof file",
-        ],
-        work,
-        launch_env(tmp_path),
-        timeout=420,
-    )
+    words = ["exec", "write the proof file"]
+    mlx = scripted_mlx_command(script)
+    argv = launch_argv(mlx, "codex", small_model_dir, real_codex, words)
+    done, log = run_launch(argv, work, launch_env(tmp_path), timeout=420)
     assert done.returncode == 0, done.stdout + done.stderr + log
     assert (work / "proof.txt").read_text().strip() == "codex-proof", done.stderr + log
     assert final in done.stdout + done.stderr

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from e2e.launching import launch_env, run_launch
+from e2e.launching import launch_argv, launch_env, run_launch
 
 from mlxlaunch.testing.demo import DEMO_FILE_TEXT
 
@@ -23,7 +23,7 @@ def _launch(tmp_path: Path, agent: str, binary: Path, words: list[str]) -> tuple
     work.mkdir()
     (tmp_path / "user").mkdir()
     subprocess.run(["git", "init", "-q", str(work)], check=True)  # codex exec's own rule
-    argv = [*MLX, "launch", agent, "--model", "demo", f"--{agent}-bin", str(binary), "--", *words]
+    argv = launch_argv(MLX, agent, "demo", binary, words)
     done, log = run_launch(argv, work, launch_env(tmp_path), timeout=420)
     said = done.stdout + done.stderr + log
     assert done.returncode == 0, said

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 import pytest
-from e2e.launching import launch_env, run_launch
+from e2e.launching import launch_argv, launch_env, run_launch
 from scripted_mlx import scripted_mlx_command, write_script
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -38,23 +38,10 @@ def test_opencode_run_runs_a_bash_tool_round_trip(
     script = write_script(
         tmp_path / "script.json", [tool_turn] + [final] * 4, untooled=["Proof file"]
     )
-    done, log = run_launch(
-        [
-            *scripted_mlx_command(script),
-            "launch",
-            "opencode",
-            "--model",
-            str(small_model_dir),
-            "--opencode-bin",
-            str(real_opencode),
-            "--",
-            "run",
-            "write the proof file",
-        ],
-        work,
-        launch_env(tmp_path),
-        timeout=420,
-    )
+    words = ["run", "write the proof file"]
+    mlx = scripted_mlx_command(script)
+    argv = launch_argv(mlx, "opencode", small_model_dir, real_opencode, words)
+    done, log = run_launch(argv, work, launch_env(tmp_path), timeout=420)
     assert done.returncode == 0, done.stdout + done.stderr + log
     assert (work / "proof.txt").read_text().strip() == "opencode-proof", (
         done.stdout + done.stderr + log
