@@ -72,12 +72,14 @@ def text_of(events: list[EngineEvent]) -> str:
     return "".join(e.text for e in events if isinstance(e, TextDelta))
 
 
-def greedy_request(request_id: str, text: str, max_tokens: int) -> GenerationRequest:
-    """One user turn of `text`, decoded greedily."""
+def user_turn(
+    request_id: str, text: str, max_tokens: int, temperature: float = 0.0
+) -> GenerationRequest:
+    """A request of one user turn of `text` (decoded greedily unless `temperature` says)."""
     return GenerationRequest(
         messages=[ChatMessage("user", text)],
         max_tokens=max_tokens,
-        sampling=Sampling(temperature=0.0),
+        sampling=Sampling(temperature=temperature),
         request_id=request_id,
     )
 
@@ -110,7 +112,7 @@ async def forced_streams(
     arrivals: list[list[float]] = [[] for _ in range(count)]
 
     async def stream(index: int) -> None:
-        request = greedy_request(f"stream-{index}", f"hi {index}", 30_000)
+        request = user_turn(f"stream-{index}", f"hi {index}", 30_000)
         async for event in engine.submit(request):
             if isinstance(event, TextDelta):
                 arrivals[index].append(time.monotonic())
@@ -131,7 +133,7 @@ async def timed_prompt(engine: Engine, text: str) -> tuple[Admitted, float, floa
     token came (0.0: none)."""
     admitted: Admitted | None = None
     admitted_at = first_token_at = 0.0
-    async for event in engine.submit(greedy_request("long", text, 2)):
+    async for event in engine.submit(user_turn("long", text, 2)):
         if isinstance(event, Admitted):
             admitted, admitted_at = event, time.monotonic()
         elif isinstance(event, TextDelta) and not first_token_at:

@@ -11,14 +11,13 @@ from typing import Any
 
 import httpx
 import pytest
-from engine_helpers import collect, text_of, wait_until
+from engine_helpers import collect, text_of, user_turn, wait_until
 
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
 from mlxlaunch.engine.scheduling.duplicates import generation_key
 from mlxlaunch.engine.types import (
     Admitted,
-    ChatMessage,
     Done,
     EngineEvent,
     GenerationRequest,
@@ -36,12 +35,8 @@ LONG = " ".join(f"w{i}" for i in range(3000))
 def request(
     request_id: str, max_tokens: int = 300, text: str = "the same question"
 ) -> GenerationRequest:
-    return GenerationRequest(
-        messages=[ChatMessage("user", text)],
-        max_tokens=max_tokens,
-        sampling=Sampling(temperature=0.7),  # Claude Code samples; duplicates still share
-        request_id=request_id,
-    )
+    # Claude Code samples; duplicates still share
+    return user_turn(request_id, text, max_tokens, temperature=0.7)
 
 
 async def take_deltas(events: AsyncIterator[EngineEvent], n: int) -> list[EngineEvent]:

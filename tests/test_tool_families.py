@@ -13,14 +13,10 @@ from typing import Any
 import anthropic
 import jsonschema
 import pytest
-from mlx_lm.tokenizer_utils import load as load_tokenizer
+from engine_helpers import Served, serve
 
-from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.decoding.tool_grammar import supported_families
-from mlxlaunch.engine.engine import Engine
-from mlxlaunch.server.runner import ServerHandle, start_server
 from mlxlaunch.testing.builder import build_model
-from mlxlaunch.testing.scripted import ScriptedOutput
 from mlxlaunch.testing.templates import TEMPLATE_FAMILIES
 
 pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model
@@ -72,17 +68,11 @@ def test_every_template_family_has_a_scripted_call() -> None:
     assert set(MARKUP) == set(TEMPLATE_FAMILIES)
 
 
-@dataclass
-class FamilyServer:
-    family: str
-    engine: Engine
-    server: ServerHandle
-    scripted: ScriptedOutput
-    tokenizer: Any
+@dataclass(kw_only=True)
+class FamilyServer(Served):
+    """A served tiny model with the chat template of `family`."""
 
-    @property
-    def client(self) -> Any:  # the SDK, untyped: tests send loose dicts
-        return anthropic.Anthropic(base_url=self.server.url, api_key="x", max_retries=0)
+    family: str
 
 
 @pytest.fixture(scope="module", params=sorted(MARKUP))
@@ -91,20 +81,12 @@ def family_server(
 ) -> Iterator[FamilyServer]:
     family = str(request.param)
     model_dir = build_model(tmp_path_factory.mktemp(family), "tiny", template=family)
-    tokenizer = load_tokenizer(Path(model_dir))
-    assert tokenizer.tool_parser is not None
-    assert (
-        tokenizer.tool_parser.__module__.rsplit(".", 1)[-1] == TEMPLATE_FAMILIES[family].tool_parser
-    )
-    scripted = ScriptedOutput()
-    engine = Engine(EngineConfig(model=str(model_dir), logits_hook=scripted, max_concurrency=2))
-    engine.start()
-    server = start_server(engine)
-    try:
-        yield FamilyServer(family, engine, server, scripted, tokenizer)
-    finally:
-        server.stop()
-        engine.close()
+    with serve(Path(model_dir), max_concurrency=2) as s:
+        served = FamilyServer(s.engine, s.server, s.scripted, None, Path(model_dir), family=family)
+        parser = served.tokenizer.tool_parser
+        assert parser is not None
+        assert parser.__module__.rsplit(".", 1)[-1] == TEMPLATE_FAMILIES[family].tool_parser
+        yield served
 
 
 def split_tokens(tokenizer: Any, text: str) -> list[int]:
