@@ -46,6 +46,25 @@ AGENT_TOOLS = [
 ]
 
 
+def messages_tool(
+    name: str,
+    description: str,
+    properties: dict[str, Any],
+    required: list[str] | None = None,
+    closed: bool = False,
+) -> dict[str, Any]:
+    """A tool as the Messages API declares it: an object of `properties`, all of them required
+    unless `required` names some; `closed`: no other keys allowed."""
+    schema: dict[str, Any] = {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties) if required is None else required,
+    }
+    if closed:
+        schema["additionalProperties"] = False
+    return {"name": name, "description": description, "input_schema": schema}
+
+
 # The Bash tool as each API declares it, the call the tiny model is scripted to write (its
 # template's Hermes markup), and the shortest conversation.
 BASH_SCHEMA: dict[str, Any] = {

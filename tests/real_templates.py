@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from engine_helpers import Served, serve
+from engine_helpers import Served, messages_tool, serve
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
@@ -23,15 +23,12 @@ from mlxlaunch.testing.tokenizer import write_tokenizer
 FIXTURES = Path(__file__).parent / "fixtures"
 TEMPLATES = sorted((FIXTURES / "chat-templates").glob("*.jinja"))
 CAPTURED = ("print-mode-request", "tool-result-request", "title-request")
-BASH_TOOL: dict[str, Any] = {
-    "name": "Bash",
-    "description": "Run a shell command",
-    "input_schema": {
-        "type": "object",
-        "properties": {"command": {"type": "string"}, "description": {"type": "string"}},
-        "required": ["command"],
-    },
-}
+BASH_TOOL = messages_tool(
+    "Bash",
+    "Run a shell command",
+    {"command": {"type": "string"}, "description": {"type": "string"}},
+    required=["command"],
+)
 ANSWER = "The listing shows two files."
 HEADERS = {"x-api-key": "x", "anthropic-version": "2023-06-01"}
 COUNTED_FIELDS = ("model", "messages", "system", "tools", "thinking", "tool_choice")

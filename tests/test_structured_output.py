@@ -13,6 +13,7 @@ import anthropic
 import httpx
 import jsonschema
 import pytest
+from engine_helpers import messages_tool
 
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
@@ -74,29 +75,19 @@ SCHEMAS: list[dict[str, Any]] = [
     },
 ]
 GENERATIONS = 50
-SEARCH_TOOL = {
-    "name": "search",
-    "description": "Search the web",
-    "input_schema": {
-        "type": "object",
-        "properties": {
-            "query": {"type": "string", "maxLength": 10},
-            "limit": {"type": "integer", "minimum": 1, "maximum": 9},
-        },
-        "required": ["query", "limit"],
-        "additionalProperties": False,
+SEARCH_TOOL = messages_tool(
+    "search",
+    "Search the web",
+    {
+        "query": {"type": "string", "maxLength": 10},
+        "limit": {"type": "integer", "minimum": 1, "maximum": 9},
     },
-}
-READ_TOOL = {
-    "name": "read",
-    "description": "Read a file",
-    "input_schema": {
-        "type": "object",
-        "properties": {"path": {"enum": ["a.txt", "b.txt"]}},
-        "required": ["path"],
-        "additionalProperties": False,  # else extra keys of any length are allowed too
-    },
-}
+    closed=True,
+)
+# Closed: else extra keys of any length are allowed too.
+READ_TOOL = messages_tool(
+    "read", "Read a file", {"path": {"enum": ["a.txt", "b.txt"]}}, closed=True
+)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from typing import Any
 import anthropic
 import jsonschema
 import pytest
-from engine_helpers import Served, serve
+from engine_helpers import Served, messages_tool, serve
 
 from mlxlaunch.engine.decoding.tool_grammar import supported_families
 from mlxlaunch.testing.builder import build_model
@@ -21,15 +21,12 @@ from mlxlaunch.testing.templates import TEMPLATE_FAMILIES
 
 pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model
 
-WEATHER_TOOL: dict[str, Any] = {
-    "name": "get_weather",
-    "description": "Weather forecast for a city",
-    "input_schema": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-        "required": ["city"],
-    },
-}
+WEATHER_TOOL = messages_tool(
+    "get_weather",
+    "Weather forecast for a city",
+    {"city": {"type": "string"}, "days": {"type": "integer"}},
+    required=["city"],
+)
 ARGUMENTS = {"city": "Paris", "days": 3}
 
 # family -> the tool call as that family's models write it (arguments = ARGUMENTS)
@@ -156,19 +153,15 @@ def test_markup_is_text_when_tool_choice_is_none(family_server: FamilyServer) ->
     assert message.stop_reason == "end_turn"
 
 
-BOUNDED_TOOL = {
-    "name": "get_weather",
-    "description": "Weather forecast for a city",
-    "input_schema": {
-        "type": "object",
-        "properties": {
-            "city": {"type": "string", "maxLength": 8},
-            "days": {"type": "integer", "minimum": 1, "maximum": 7},
-        },
-        "required": ["city", "days"],
-        "additionalProperties": False,
+BOUNDED_TOOL = messages_tool(
+    "get_weather",
+    "Weather forecast for a city",
+    {
+        "city": {"type": "string", "maxLength": 8},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
     },
-}
+    closed=True,
+)
 
 
 def test_forced_tool_choice_in_the_family_syntax(family_server: FamilyServer) -> None:
