@@ -13,11 +13,9 @@ import anthropic
 import httpx
 import jsonschema
 import pytest
-from engine_helpers import messages_tool
+from engine_helpers import messages_tool, serve
 
-from mlxlaunch.engine.config import EngineConfig
-from mlxlaunch.engine.engine import Engine
-from mlxlaunch.server.runner import ServerHandle, start_server
+from mlxlaunch.server.runner import ServerHandle
 
 pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model
 
@@ -92,14 +90,8 @@ READ_TOOL = messages_tool(
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path) -> Iterator[ServerHandle]:
-    engine = Engine(EngineConfig(model=str(tiny_model_dir), max_concurrency=4))
-    engine.start()
-    handle = start_server(engine)
-    try:
-        yield handle
-    finally:
-        handle.stop()
-        engine.close()
+    with serve(tiny_model_dir, scripted=False, max_concurrency=4) as served:
+        yield served.server
 
 
 def _post(server: ServerHandle, body: dict[str, Any]) -> dict[str, Any]:
