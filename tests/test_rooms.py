@@ -487,6 +487,43 @@ def test_modules_stay_small() -> None:
     assert not big, big
 
 
+# Over this many lines a module says why in its docstring, in a paragraph that starts with
+# `SIZE_REASON` (one idea that cannot be cut without passing its state around, say).
+EXPLAINED_MODULE_LINES = 600
+SIZE_REASON = "Why over 600 lines:"
+# Modules other branches of issue 30 split or explain (the family markup, the serving path);
+# the lead empties this list when they merge.
+KNOWN_UNEXPLAINED = {
+    "engine/output/param_readers.py",
+    "engine/decoding/call_grammars.py",
+    "cluster/preflight.py",
+}
+
+
+def unexplained_size(source: str, limit: int = EXPLAINED_MODULE_LINES) -> bool:
+    """Whether a module's `source` is over `limit` lines without saying why in its docstring."""
+    if source.count("\n") <= limit:
+        return False
+    docstring = ast.get_docstring(ast.parse(source)) or ""
+    return not any(p.startswith(SIZE_REASON) for p in docstring.split("\n\n"))
+
+
+def test_big_modules_say_why() -> None:
+    unexplained = {
+        f.relative_to(PKG).as_posix() for f in _product_modules() if unexplained_size(f.read_text())
+    }
+    assert unexplained <= KNOWN_UNEXPLAINED, sorted(unexplained - KNOWN_UNEXPLAINED)
+    assert all((PKG / path).is_file() for path in KNOWN_UNEXPLAINED)
+
+
+def test_the_size_rule_wants_a_reason_only_over_the_limit() -> None:
+    body = "x = 1\n" * 5
+    assert not unexplained_size(f'"""Short."""\n{body}', limit=10)
+    assert unexplained_size(f'"""Long."""\n{body * 3}', limit=10)
+    explained = f'"""Long.\n\n{SIZE_REASON} one class, one state."""\n{body * 3}'
+    assert not unexplained_size(explained, limit=10)
+
+
 # --- testing/: needed at run time by `--model demo` only ----------------------------------
 
 # The product modules that may import mlxlaunch.testing: the test-model names and builds, and
