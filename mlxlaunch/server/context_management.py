@@ -66,7 +66,7 @@ async def manage_context(
     *,
     accepts_images: bool,
     count_original: bool = False,
-    step_tokens: int = context_edits.DEFAULT_STEP_TOKENS,
+    step_tokens: int | None = None,
 ) -> EditedContext[BodyT]:
     """Apply `body.context_management`'s edits.
 
@@ -75,8 +75,9 @@ async def manage_context(
         engine: counts a mapped request's prompt tokens exactly.
         accepts_images: as for `to_generation_request`.
         count_original: count the unedited prompt even if no edit needs it (count_tokens).
-        step_tokens: the least a tool-result clearing removes at once (see context_edits);
-            a request's `clear_at_least` raises it, 0 clears as Anthropic does.
+        step_tokens: the least a tool-result clearing removes at once (see context_edits;
+            None: its DEFAULT_STEP_TOKENS); a request's `clear_at_least` raises it, and 0
+            clears as Anthropic does (everything beyond `keep`, on every turn).
     """
     management = body.context_management
     if management is None:
@@ -96,7 +97,8 @@ async def manage_context(
                 )
                 messages = edited
         elif isinstance(edit, ClearToolUsesEdit):
-            result = await _clear_tool_uses(meter, messages, edit, step_tokens)
+            step = context_edits.DEFAULT_STEP_TOKENS if step_tokens is None else step_tokens
+            result = await _clear_tool_uses(meter, messages, edit, step)
             if result is not None:
                 messages, report = result
                 applied.append(report)
