@@ -68,23 +68,32 @@ def _clear_tools(**fields: Any) -> dict[str, Any]:
     return {"edits": [{"type": "clear_tool_uses_20250919", **fields}]}
 
 
+def _create(
+    served: ScriptedServer, messages: list[dict[str, Any]], edits: dict[str, Any], **more: Any
+) -> Any:
+    """One non-streaming beta request with `edits`, answered with a single token."""
+    create: Any = served.anthropic.beta.messages.create  # untyped: tests send loose dicts
+    return create(
+        model="m",
+        max_tokens=1,
+        tools=TOOLS,
+        messages=messages,
+        betas=[BETA],
+        context_management=edits,
+        **more,
+    )
+
+
 def _tool_contents(served: ScriptedServer) -> list[str]:
     """What the model was shown as tool results, in the last request it served."""
     return [m.content for m in served.scripted.requests[-1].messages if m.role == "tool"]
 
 
 def test_cleared_results_reach_the_model_as_placeholders(served: ScriptedServer) -> None:
-    client = served.anthropic
-    reply = client.beta.messages.create(
-        model="m",
-        max_tokens=1,
-        tools=TOOLS,
-        messages=_session(10),  # type: ignore[arg-type]
-        betas=[BETA],
-        context_management=_clear_tools(  # type: ignore[arg-type]
-            trigger={"type": "tool_uses", "value": 4}, keep={"type": "tool_uses", "value": 2}
-        ),
+    edits = _clear_tools(
+        trigger={"type": "tool_uses", "value": 4}, keep={"type": "tool_uses", "value": 2}
     )
+    reply = _create(served, _session(10), edits)
     assert reply.context_management is not None
     (applied,) = reply.context_management.applied_edits
     assert applied.type == "clear_tool_uses_20250919"
@@ -95,7 +104,11 @@ def test_cleared_results_reach_the_model_as_placeholders(served: ScriptedServer)
     assert contents[:7] == [CLEARED_TOOL_RESULT] * 7
     assert CLEARED_TOOL_RESULT not in contents[7:]
     # The figure is the engine's exact count: the prompt shrank by exactly that much.
-    plain = client.messages.count_tokens(model="m", tools=TOOLS, messages=_session(10))  # type: ignore[arg-type]
+    plain = served.anthropic.messages.count_tokens(
+        model="m",
+        tools=TOOLS,
+        messages=_session(10),  # type: ignore[arg-type]
+    )
     assert reply.usage.input_tokens + reply.usage.cache_read_input_tokens == (
         plain.input_tokens - applied.cleared_input_tokens
     )
@@ -131,14 +144,7 @@ def test_the_stream_carries_the_edits_on_message_delta(served: ScriptedServer) -
 def test_below_the_trigger_nothing_is_cleared_and_the_answer_says_so(
     served: ScriptedServer,
 ) -> None:
-    reply = served.anthropic.beta.messages.create(
-        model="m",
-        max_tokens=1,
-        tools=TOOLS,
-        messages=_session(3),  # type: ignore[arg-type]
-        betas=[BETA],
-        context_management=_clear_tools(),  # type: ignore[arg-type]  (100k tokens)
-    )
+    reply = _create(served, _session(3), _clear_tools())  # the default trigger: 100k tokens
     assert reply.context_management is not None
     assert reply.context_management.applied_edits == []
     assert CLEARED_TOOL_RESULT not in _tool_contents(served)
@@ -146,36 +152,21 @@ def test_below_the_trigger_nothing_is_cleared_and_the_answer_says_so(
 
 def test_clear_at_least_is_a_floor(served: ScriptedServer) -> None:
     # Two clearable uses of ~600 tokens: never 100k at once.
-    reply = served.anthropic.beta.messages.create(
-        model="m",
-        max_tokens=1,
-        tools=TOOLS,
-        messages=_session(3),  # type: ignore[arg-type]
-        betas=[BETA],
-        context_management=_clear_tools(  # type: ignore[arg-type]
-            trigger={"type": "tool_uses", "value": 1},
-            keep={"type": "tool_uses", "value": 1},
-            clear_at_least={"type": "input_tokens", "value": 100_000},
-        ),
+    edits = _clear_tools(
+        trigger={"type": "tool_uses", "value": 1},
+        keep={"type": "tool_uses", "value": 1},
+        clear_at_least={"type": "input_tokens", "value": 100_000},
     )
+    reply = _create(served, _session(3), edits)
     assert reply.context_management is not None
     assert reply.context_management.applied_edits == []
 
 
 def test_thinking_of_older_turns_is_cleared(served: ScriptedServer) -> None:
-    reply = served.anthropic.beta.messages.create(
-        model="m",
-        max_tokens=1,
-        thinking={"type": "enabled", "budget_tokens": 1024},
-        tools=TOOLS,
-        messages=_session(4, thinking=True),  # type: ignore[arg-type]
-        betas=[BETA],
-        context_management={  # type: ignore[arg-type]
-            "edits": [
-                {"type": "clear_thinking_20251015", "keep": {"type": "thinking_turns", "value": 1}}
-            ]
-        },
-    )
+    keep = {"type": "thinking_turns", "value": 1}
+    edits = {"edits": [{"type": "clear_thinking_20251015", "keep": keep}]}
+    thinking = {"type": "enabled", "budget_tokens": 1024}
+    reply = _create(served, _session(4, thinking=True), edits, thinking=thinking)
     assert reply.context_management is not None
     (applied,) = reply.context_management.applied_edits
     assert applied.type == "clear_thinking_20251015"
@@ -237,13 +228,7 @@ def test_invalid_edits_are_400s_naming_the_field(
     served: ScriptedServer, edit: dict[str, Any], named: str
 ) -> None:
     with pytest.raises(anthropic.BadRequestError) as info:
-        served.anthropic.beta.messages.create(
-            model="m",
-            max_tokens=1,
-            messages=[{"role": "user", "content": "hi"}],
-            betas=[BETA],
-            context_management={"edits": [edit]},  # type: ignore[arg-type]
-        )
+        _create(served, [{"role": "user", "content": "hi"}], {"edits": [edit]})
     assert info.value.status_code == 400
     body: Any = info.value.body
     assert body["error"]["type"] == "invalid_request_error"
@@ -261,19 +246,13 @@ def _run_session(
     text and resends everything, as Claude Code does. The usage of each turn, in order.
     `name` opens the conversation, so no run reads another's cached prompts."""
     texts = _source_texts()
-    client = served.anthropic
+    create: Any = served.anthropic.beta.messages.create
     messages: list[dict[str, Any]] = [{"role": "user", "content": f"{name}: read the files."}]
     usages: list[Any] = []
     extra: dict[str, Any] = {"context_management": edits, "betas": [BETA]} if edits else {}
     for n in range(turns):
         served.scripted.enqueue(CALL % f"f{n}")
-        reply = client.beta.messages.create(
-            model="m",
-            max_tokens=64,
-            tools=TOOLS,
-            messages=messages,
-            **extra,  # type: ignore[arg-type]
-        )
+        reply = create(model="m", max_tokens=64, tools=TOOLS, messages=messages, **extra)
         usages.append(reply.usage)
         (call,) = [b for b in reply.content if b.type == "tool_use"]
         messages.append(
