@@ -8,7 +8,10 @@ EditParam`, `BetaClearThinking20251015EditParam`, `BetaContextManagementResponse
 
 Edits are a discriminated union on `type`, so an unknown edit type is a 400 naming it (as the
 API answers). `compact_20260112` (server-side summarisation) is known to the API but not done
-here: it is refused by name rather than silently ignored.
+here: it is refused by name rather than silently ignored. Anthropic also refuses
+`clear_thinking_20251015` when the request's thinking is off; here it applies all the same
+(the history's thinking is still there to clear), so a client whose thinking a launcher
+turned off is not wedged by an edit it always sends.
 """
 
 from __future__ import annotations

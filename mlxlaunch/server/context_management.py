@@ -128,7 +128,7 @@ async def _clear_tool_uses(
 
 
 class _Meter:
-    """Exact prompt counts of versions of one request, remembering the latest one."""
+    """Exact prompt counts of versions of one request (each version counted once)."""
 
     def __init__(self, body: CountTokensRequest, engine: CountsTokens, accepts_images: bool):
         self._body = body
