@@ -11,14 +11,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from mlxlaunch.engine.types import Done, TextDelta
+from mlxlaunch.engine.types import Usage as EngineUsage
 from mlxlaunch.protocol.context_management import (
+    ClearedThinking,
     ClearThinkingEdit,
     ClearToolUsesEdit,
     ContextManagementResponse,
     ToolUsesTrigger,
 )
 from mlxlaunch.protocol.errors import describe_validation_error
-from mlxlaunch.protocol.events import MessageDeltaBody, MessageDeltaEvent
+from mlxlaunch.protocol.events import MessageDeltaBody, MessageDeltaEvent, MessageStartEvent
 from mlxlaunch.protocol.requests import (
     InputMessage,
     MessagesRequest,
@@ -28,6 +31,7 @@ from mlxlaunch.protocol.requests import (
 )
 from mlxlaunch.protocol.responses import Message, Usage
 from mlxlaunch.server import context_edits
+from mlxlaunch.server.blocks import ContentBlockStream
 from mlxlaunch.server.context_edits import CLEARED_TOOL_RESULT, ToolUse
 
 
@@ -174,6 +178,30 @@ def test_the_answer_rides_on_message_delta_and_the_message() -> None:
         not in MessageDeltaEvent(delta=MessageDeltaBody(), usage=Usage()).model_dump()
     )
     assert "context_management" not in Message(id="msg_1", model="m").model_dump()
+
+
+@pytest.mark.parametrize("timings", [False, True])
+def test_the_block_stream_puts_the_answer_on_message_delta_only(timings: bool) -> None:
+    answer = ContextManagementResponse(
+        applied_edits=[ClearedThinking(cleared_thinking_turns=3, cleared_input_tokens=40)]
+    )
+    blocks = ContentBlockStream(
+        message_id="msg_1", model="m", timings=timings, context_management=answer
+    )
+    events = [
+        *blocks.feed(TextDelta("hi")),
+        *blocks.feed(Done(stop_reason="end_turn", usage=EngineUsage(10, 0, 1))),
+    ]
+    start = next(e for e in events if isinstance(e, MessageStartEvent))
+    delta = next(e for e in events if isinstance(e, MessageDeltaEvent))
+    assert start.message.context_management is None
+    assert delta.context_management == answer
+    assert blocks.message.context_management == answer  # the non-streaming body
+    assert blocks.message.model_dump()["context_management"]["applied_edits"][0] == {
+        "type": "clear_thinking_20251015",
+        "cleared_thinking_turns": 3,
+        "cleared_input_tokens": 40,
+    }
 
 
 # --- which uses are cleared -----------------------------------------------------------------
