@@ -27,7 +27,7 @@ from mlxlaunch.engine.types import (
     TextDelta,
     ThinkingDelta,
 )
-from mlxlaunch.protocol.grammar import check_stream
+from stream_grammar import check_stream
 from mlxlaunch.protocol.sse import parse_frames
 from mlxlaunch.server.runner import ServerHandle, start_server
 from mlxlaunch.testing.scripted import ScriptedOutput

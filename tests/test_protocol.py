@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from mlxlaunch.protocol import ERROR_STATUS, error_body, frame, parse_frames
 from mlxlaunch.protocol.errors import describe_validation_error
-from mlxlaunch.protocol.grammar import StreamGrammarError, check_stream
+from stream_grammar import StreamGrammarError, check_stream
 from mlxlaunch.protocol.requests import (
     CountTokensRequest,
     MessagesRequest,

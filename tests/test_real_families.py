@@ -37,7 +37,7 @@ from real_templates import (
     served_family,
 )
 
-from mlxlaunch.protocol.grammar import check_stream
+from stream_grammar import check_stream
 from mlxlaunch.protocol.sse import parse_frames
 
 pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model

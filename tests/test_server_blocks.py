@@ -23,7 +23,7 @@ from mlxlaunch.engine.types import (
     ToolInputDelta,
     Usage,
 )
-from mlxlaunch.protocol.grammar import check_stream
+from stream_grammar import check_stream
 from mlxlaunch.protocol.sse import encode_event, parse_frames
 from mlxlaunch.server.blocks import ContentBlockStream, anthropic_stop_reason
 

@@ -34,7 +34,7 @@ from mlxlaunch.engine.types import (
     PromptTooLong,
     TextDelta,
 )
-from mlxlaunch.protocol.grammar import check_stream
+from stream_grammar import check_stream
 from mlxlaunch.protocol.sse import parse_frames
 from mlxlaunch.server.app import ServerSettings
 from mlxlaunch.server.errors import ENGINE_ERRORS, UNEXPECTED_MESSAGE

@@ -23,7 +23,7 @@ from mlxlaunch.engine.types import (
     TextDelta,
     Usage,
 )
-from mlxlaunch.protocol.grammar import check_stream
+from stream_grammar import check_stream
 from mlxlaunch.protocol.sse import parse_frames
 from mlxlaunch.server.app import ServerSettings
 from mlxlaunch.server.runner import ServerHandle, start_server
