@@ -22,28 +22,142 @@ IdStyle = Literal["any", "alnum9", "functions_index"]
 # How arguments are written: "json" (an object, streamable character by character),
 # "params" (one parameter per element, each final when its element closes), "other".
 ArgumentShape = Literal["json", "params", "other"]
+# How a parameter family's parser turns a value's text into a value (each name is one pair of
+# functions in the engine: which values the grammar writes as raw text, and how the reader
+# converts them): Qwen3-Coder's type names, GLM's JSON-or-literal, MiniMax's type order,
+# DeepSeek-V3.2's `string="true|false"` attribute, or every value JSON.
+ValueTyping = Literal["qwen3_coder", "glm", "minimax", "dsml", "json"]
+
+
+@dataclass(frozen=True)
+class ParamElements:
+    """A call written as elements: the tool's name, then one element per parameter, each final
+    when it closes (Qwen3-Coder, GLM, MiniMax, DeepSeek-V3.2 …). One call reads
+
+        lead call_open NAME name_close gap
+        (param_open KEY key_close [gap value_open] pad VALUE pad value_close gap)*
+        [call_close gap]
+
+    with NAME and KEY in double quotes when `quoted`. The grammar writes exactly this; the
+    reader also takes the looser forms the family's own parser takes (blank lines, a missing
+    `>` where `lenient`).
+
+    Attributes:
+        call_open: the text before the name (None: the name opens the call, right after the
+            span's start marker).
+        name_close: the text after the name ("": the name ends at `gap` or the first element).
+        param_open, key_close: around a parameter's name.
+        value_close: the text that ends a value.
+        call_close: the text that ends a call (None: the span's end marker ends it).
+        value_open: the text before a value, after its name ("": none).
+        quoted: names are written in double quotes (`name="Bash"`).
+        lead: text between the span's start marker and the call (Qwen3-Coder's newline).
+        pad: text on each side of a value that is markup, not value (Qwen3-Coder's newlines).
+        gap: the text between elements; `gap_optional`: it may be left out.
+        tag_tokens: the element tags are the tokenizer's own tokens (GLM's `<arg_key>`).
+        lenient: a name or key may end at a newline, its `>` missing (mlx-lm's Qwen3-Coder).
+        values: how values are typed (see `ValueTyping`).
+        python_booleans: the template writes booleans as True/False (Jinja's `string`).
+        string_attribute: each parameter says `string="true|false"` (DSML).
+        strip_values: the parser strips whitespace around a value.
+        json_body: the call may instead be a JSON object (GLM's, LongCat's parsers take both).
+        streamed: our reader reads this family's spans (False: mlx-lm's parser does).
+    """
+
+    call_open: str | None
+    name_close: str
+    param_open: str
+    key_close: str
+    value_close: str
+    call_close: str | None = None
+    value_open: str = ""
+    quoted: bool = False
+    lead: str = ""
+    pad: str = ""
+    gap: str = ""
+    gap_optional: bool = False
+    tag_tokens: bool = False
+    lenient: bool = False
+    values: ValueTyping = "json"
+    python_booleans: bool = False
+    string_attribute: bool = False
+    strip_values: bool = False
+    json_body: bool = False
+    streamed: bool = True
+
+
+@dataclass(frozen=True)
+class JsonEnvelope:
+    """A call whose arguments are one JSON object, in an envelope that names the tool.
+
+    Either a named object, `lead {"name": NAME, "<named_object>": {…}} trail` (Hermes, Llama),
+    or markers around the name: `call_open NAME [call_id ID] arguments_open {…} call_close`
+    (Kimi, Mistral, DeepSeek-V3.1). Kimi's id style (`functions_index`) writes the name as
+    `functions.NAME:INDEX`. The grammar writes exactly this; the reader takes whitespace
+    between the parts.
+
+    Attributes:
+        named_object: the key of the arguments in a named object (None: markers).
+        call_open, arguments_open, call_close: the markers around name and arguments.
+        call_id: the marker before a call id, written where the template checks ids
+            (`id_style` "alnum9"), read wherever it comes.
+        lead, trail: text around a named object inside its span.
+        fenced: also read DeepSeek V3/R1's `function<sep>NAME ```json {…}``` ` form.
+        reads_json_values: a span the reader cannot stream may be JSON call objects (read
+            whole at its end: Mistral's older `[{"name": …}]`).
+    """
+
+    named_object: str | None = None
+    call_open: str = ""
+    arguments_open: str = ""
+    call_close: str = ""
+    call_id: str | None = None
+    lead: str = ""
+    trail: str = ""
+    fenced: bool = False
+    reads_json_values: bool = False
+
+
+@dataclass(frozen=True)
+class Notation:
+    """A call in a notation of the family's own, with a grammar builder of its own in the
+    engine (`kind`) and mlx-lm's parser as its reader: Gemma 4's `call:NAME{key:<|"|>v<|"|>}`,
+    pythonic `NAME(key=value)`. (A call whose input is one raw string, such as a freeform
+    custom tool, would be one more record type beside these.)"""
+
+    kind: Literal["gemma4", "pythonic"]
+
+
+CallMarkup = ParamElements | JsonEnvelope | Notation
 
 
 @dataclass(frozen=True)
 class Dialect:
-    """One family's tool-call and thinking syntax.
+    """One family's tool-call and thinking syntax: everything the constraint grammar and the
+    streaming reader are generated from.
 
     Attributes:
         name: the format's name (mlx-lm's tool-parser name where mlx-lm has one).
         tool_call_start: the marker that opens a tool-call span (None: the family has no
             marker-delimited spans; `channels` or `leading_call` say how calls appear).
         tool_call_end: the marker that closes it ("" : the span runs to the end of the output).
-        arguments: how the arguments are written.
+        markup: how one call is written inside the span (None: no grammar, no reader of ours).
+        arguments: how the arguments are written (from `markup` where there is one).
         id_style: the tool-call ids the template and parser expect.
         think_start, think_end: think markers, when mlx-lm does not infer them.
         channels: harmony (gpt-oss): output is a sequence of channel messages, not markup.
-        leading_call: the output is a call when it starts with this text (Llama 3's bare JSON).
+        leading_call: the output is a call when it starts with this text (Llama 3's bare JSON);
+            the grammar then writes the call as the whole output, one per turn.
         mlx_lm_parser: mlx-lm reads this format (`mlx_lm.tool_parsers.<name>`).
+        section: all of a turn's calls are in one span (else each call has a span of its own).
+        section_open, section_close: text right inside a section's markers.
+        separator: text between two calls; `separator_optional`: it may be left out.
     """
 
     name: str
     tool_call_start: str | None = None
     tool_call_end: str | None = None
+    markup: CallMarkup | None = None
     arguments: ArgumentShape = "other"
     id_style: IdStyle = "any"
     think_start: str | None = None
@@ -51,28 +165,63 @@ class Dialect:
     channels: bool = False
     leading_call: str | None = None
     mlx_lm_parser: bool = True
+    section: bool = False
+    section_open: str = ""
+    section_close: str = ""
+    separator: str = ""
+    separator_optional: bool = False
 
+    def __post_init__(self) -> None:
+        shape = _SHAPES.get(type(self.markup))
+        if shape is None:
+            return
+        if self.arguments not in ("other", shape):
+            raise ValueError(f"{self.name}: arguments {self.arguments!r} but {shape!r} markup")
+        object.__setattr__(self, "arguments", shape)
+
+
+_SHAPES: dict[type, ArgumentShape] = {ParamElements: "params", JsonEnvelope: "json"}
 
 HARMONY = Dialect(name="harmony", arguments="json", channels=True, mlx_lm_parser=False)
 DEEPSEEK_V31 = Dialect(
     name="deepseek_v31",
     tool_call_start="<｜tool▁calls▁begin｜>",
     tool_call_end="<｜tool▁calls▁end｜>",
-    arguments="json",
+    markup=JsonEnvelope(
+        call_open="<｜tool▁call▁begin｜>",
+        arguments_open="<｜tool▁sep｜>",
+        call_close="<｜tool▁call▁end｜>",
+        fenced=True,
+    ),
     mlx_lm_parser=False,
+    section=True,
 )
+DSML = "｜DSML｜"
 DEEPSEEK_V32 = Dialect(
     name="deepseek_v32",
-    tool_call_start="<｜DSML｜function_calls>",
-    tool_call_end="</｜DSML｜function_calls>",
-    arguments="params",
+    tool_call_start=f"<{DSML}function_calls>",
+    tool_call_end=f"</{DSML}function_calls>",
+    markup=ParamElements(
+        call_open=f"<{DSML}invoke name=",
+        name_close=">",
+        param_open=f"<{DSML}parameter name=",
+        key_close=">",
+        value_close=f"</{DSML}parameter>",
+        call_close=f"</{DSML}invoke>",
+        quoted=True,
+        gap="\n",
+        values="dsml",
+        string_attribute=True,
+    ),
     mlx_lm_parser=False,
+    section=True,
+    section_open="\n",
 )
 LLAMA3_JSON = Dialect(
     name="llama3_json",
     tool_call_start="<|python_tag|>",
     tool_call_end="",
-    arguments="json",
+    markup=JsonEnvelope(named_object="parameters"),
     leading_call="{",
     mlx_lm_parser=False,
 )
@@ -82,6 +231,33 @@ LLAMA3_JSON = Dialect(
 # in per model. Not a `--tool-format` choice.
 LEARNED_JSON = Dialect(name="template_json", arguments="json", mlx_lm_parser=False)
 
+
+def _glm_like(name: str, prefix: str) -> Dialect:
+    """GLM's markup (`NAME\\n<arg_key>K</arg_key>\\n<arg_value>V</arg_value>…`, newlines
+    optional: GLM 4.7 drops them); LongCat writes the same with `longcat_` tags."""
+    return Dialect(
+        name,
+        f"<{prefix}tool_call>",
+        f"</{prefix}tool_call>",
+        ParamElements(
+            call_open=None,
+            name_close="",
+            param_open=f"<{prefix}arg_key>",
+            key_close=f"</{prefix}arg_key>",
+            value_open=f"<{prefix}arg_value>",
+            value_close=f"</{prefix}arg_value>",
+            gap="\n",
+            gap_optional=True,
+            tag_tokens=True,
+            values="glm",
+            strip_values=True,
+            json_body=True,
+        ),
+        separator="\n",
+        separator_optional=True,
+    )
+
+
 # Every dialect by name (what `--tool-format` accepts).
 DIALECTS: dict[str, Dialect] = {
     d.name: d
@@ -90,24 +266,134 @@ DIALECTS: dict[str, Dialect] = {
         DEEPSEEK_V31,
         DEEPSEEK_V32,
         LLAMA3_JSON,
-        Dialect("json_tools", "<tool_call>", "</tool_call>", arguments="json"),
-        Dialect("qwen3_coder", "<tool_call>", "</tool_call>", arguments="params"),
-        Dialect("glm47", "<tool_call>", "</tool_call>", arguments="params"),
-        Dialect("minimax_m2", "<minimax:tool_call>", "</minimax:tool_call>", arguments="params"),
+        # <tool_call>\n{"name": "Bash", "arguments": {…}}\n</tool_call> (Qwen, Hermes)
+        Dialect(
+            "json_tools",
+            "<tool_call>",
+            "</tool_call>",
+            JsonEnvelope(named_object="arguments", lead="\n", trail="\n"),
+            separator="\n",
+        ),
+        # <tool_call>\n<function=Bash>\n<parameter=command>\nls\n</parameter>\n</function>\n
+        # </tool_call>
+        Dialect(
+            "qwen3_coder",
+            "<tool_call>",
+            "</tool_call>",
+            ParamElements(
+                call_open="<function=",
+                name_close=">",
+                param_open="<parameter=",
+                key_close=">",
+                value_close="</parameter>",
+                call_close="</function>",
+                lead="\n",
+                pad="\n",
+                gap="\n",
+                lenient=True,
+                values="qwen3_coder",
+                python_booleans=True,  # the template writes `value | string`: True, False
+            ),
+            separator="\n",
+        ),
+        _glm_like("glm47", ""),
+        # <minimax:tool_call>\n<invoke name="Bash">\n<parameter name="command">ls</parameter>\n
+        # </invoke>\n</minimax:tool_call>
+        Dialect(
+            "minimax_m2",
+            "<minimax:tool_call>",
+            "</minimax:tool_call>",
+            ParamElements(
+                call_open="<invoke name=",
+                name_close=">",
+                param_open="<parameter name=",
+                key_close=">",
+                value_close="</parameter>",
+                call_close="</invoke>",
+                quoted=True,
+                gap="\n",
+                values="minimax",
+                strip_values=True,
+            ),
+            section=True,
+            section_open="\n",
+        ),
+        # <|tool_calls_section_begin|><|tool_call_begin|>functions.Bash:0
+        # <|tool_call_argument_begin|>{…}<|tool_call_end|><|tool_calls_section_end|>
         Dialect(
             "kimi_k2",
             "<|tool_calls_section_begin|>",
             "<|tool_calls_section_end|>",
-            arguments="json",
+            JsonEnvelope(
+                call_open="<|tool_call_begin|>",
+                arguments_open="<|tool_call_argument_begin|>",
+                call_close="<|tool_call_end|>",
+            ),
             id_style="functions_index",
+            section=True,
         ),
-        Dialect("mistral", "[TOOL_CALLS]", "", arguments="json"),
-        Dialect("gemma4", "<|tool_call>", "<tool_call|>"),
+        # [TOOL_CALLS]Bash[ARGS]{…}, or Bash[CALL_ID]a1b2c3d4e[ARGS]{…}; each call opens with
+        # its own [TOOL_CALLS] and the output's end closes the last.
+        Dialect(
+            "mistral",
+            "[TOOL_CALLS]",
+            "",
+            JsonEnvelope(arguments_open="[ARGS]", call_id="[CALL_ID]", reads_json_values=True),
+        ),
+        Dialect("gemma4", "<|tool_call>", "<tool_call|>", Notation("gemma4")),
         Dialect("function_gemma", "<start_function_call>", "<end_function_call>"),
-        Dialect("longcat", "<longcat_tool_call>", "</longcat_tool_call>", arguments="params"),
-        Dialect("pythonic", "<|tool_call_start|>", "<|tool_call_end|>"),
-        Dialect("minicpm5", "<function name=", "</function>", arguments="params"),
-        Dialect("muse_spark", "<atem:function_calls>", "</atem:function_calls>"),
+        _glm_like("longcat", "longcat_"),
+        # <|tool_call_start|>[Bash(command="ls"), Read(path="a")]<|tool_call_end|> (LFM2)
+        Dialect(
+            "pythonic",
+            "<|tool_call_start|>",
+            "<|tool_call_end|>",
+            Notation("pythonic"),
+            section=True,
+            section_open="[",
+            section_close="]",
+            separator=", ",
+        ),
+        # <function name="Bash"><param name="command">ls</param></function>, one after another
+        Dialect(
+            "minicpm5",
+            "<function name=",
+            "</function>",
+            ParamElements(
+                call_open=None,
+                name_close=">",
+                param_open="<param name=",
+                key_close=">",
+                value_close="</param>",
+                quoted=True,
+                values="minimax",  # MiniMax's parser's typing
+                streamed=False,
+            ),
+            separator="\n",
+            separator_optional=True,
+        ),
+        # <atem:function_calls><atem:invoke name="Bash"><atem:parameter name="command">"ls"
+        # </atem:parameter></atem:invoke></atem:function_calls>; its parser JSON-decodes every
+        # value first, so every value is written as JSON; newlines between elements optional.
+        Dialect(
+            "muse_spark",
+            "<atem:function_calls>",
+            "</atem:function_calls>",
+            ParamElements(
+                call_open="<atem:invoke name=",
+                name_close=">",
+                param_open="<atem:parameter name=",
+                key_close=">",
+                value_close="</atem:parameter>",
+                call_close="</atem:invoke>",
+                quoted=True,
+                gap="\n",
+                gap_optional=True,
+                values="json",
+                streamed=False,
+            ),
+            section=True,
+        ),
     )
 }
 

@@ -54,8 +54,8 @@ class NamedSchema(Protocol):
 
 def harmony_call(tokenizer: TokenizerWrapper, tools: Sequence[NamedSchema]) -> str:
     """Lark rules whose `call` rule is one harmony call message of any of `tools`, from its
-    header (after the prompt's `<|start|>assistant`) to `<|call|>` — the shape of the builders
-    in `tool_grammar.CALL_GRAMMARS`."""
+    header (after the prompt's `<|start|>assistant`) to `<|call|>` — the shape of the call rules
+    `call_grammars` builds."""
     sym = _Symbols(tokenizer)
     rules = ["call: " + " | ".join(f"call_{i}" for i in range(len(tools)))]
     for i, tool in enumerate(tools):
