@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 # How a family's template and parser want tool-call ids (see `engine/tool_ids.py`).
 IdStyle = Literal["any", "alnum9", "functions_index"]
@@ -183,45 +183,55 @@ class Dialect:
 _SHAPES: dict[type, ArgumentShape] = {ParamElements: "params", JsonEnvelope: "json"}
 
 HARMONY = Dialect(name="harmony", arguments="json", channels=True, mlx_lm_parser=False)
+# <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>Bash<｜tool▁sep｜>{…}<｜tool▁call▁end｜>
+# <｜tool▁calls▁end｜>
 DEEPSEEK_V31 = Dialect(
-    name="deepseek_v31",
-    tool_call_start="<｜tool▁calls▁begin｜>",
-    tool_call_end="<｜tool▁calls▁end｜>",
-    markup=JsonEnvelope(
-        call_open="<｜tool▁call▁begin｜>",
-        arguments_open="<｜tool▁sep｜>",
-        call_close="<｜tool▁call▁end｜>",
-        fenced=True,
+    "deepseek_v31",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁calls▁end｜>",
+    JsonEnvelope(
+        None, "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>", fenced=True
     ),
     mlx_lm_parser=False,
     section=True,
 )
-DSML = "｜DSML｜"
-DEEPSEEK_V32 = Dialect(
-    name="deepseek_v32",
-    tool_call_start=f"<{DSML}function_calls>",
-    tool_call_end=f"</{DSML}function_calls>",
-    markup=ParamElements(
-        call_open=f"<{DSML}invoke name=",
+
+
+def _invoke_elements(namespace: str, **changes: Any) -> ParamElements:
+    """`<NSinvoke name="NAME">\\n<NSparameter name="K">V</NSparameter>\\n…</NSinvoke>\\n`, NS
+    the family's namespace: MiniMax's none, DeepSeek-V3.2's `｜DSML｜`, Muse Spark's `atem:`."""
+    return ParamElements(
+        call_open=f"<{namespace}invoke name=",
         name_close=">",
-        param_open=f"<{DSML}parameter name=",
+        param_open=f"<{namespace}parameter name=",
         key_close=">",
-        value_close=f"</{DSML}parameter>",
-        call_close=f"</{DSML}invoke>",
+        value_close=f"</{namespace}parameter>",
+        call_close=f"</{namespace}invoke>",
         quoted=True,
         gap="\n",
-        values="dsml",
-        string_attribute=True,
-    ),
+        **changes,
+    )
+
+
+DSML = "｜DSML｜"
+# <｜DSML｜function_calls>\n<｜DSML｜invoke name="f">\n<｜DSML｜parameter name="p" string="true">v
+# </｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls> (｜ is U+FF5C)
+DEEPSEEK_V32 = Dialect(
+    "deepseek_v32",
+    f"<{DSML}function_calls>",
+    f"</{DSML}function_calls>",
+    _invoke_elements(DSML, values="dsml", string_attribute=True),
     mlx_lm_parser=False,
     section=True,
     section_open="\n",
 )
+# {"name": "Bash", "parameters": {…}} as the whole output (the Llama 3.3 template writes no
+# <|python_tag|>)
 LLAMA3_JSON = Dialect(
-    name="llama3_json",
-    tool_call_start="<|python_tag|>",
-    tool_call_end="",
-    markup=JsonEnvelope(named_object="parameters"),
+    "llama3_json",
+    "<|python_tag|>",
+    "",
+    JsonEnvelope("parameters"),
     leading_call="{",
     mlx_lm_parser=False,
 )
@@ -281,14 +291,9 @@ DIALECTS: dict[str, Dialect] = {
             "<tool_call>",
             "</tool_call>",
             ParamElements(
-                call_open="<function=",
-                name_close=">",
-                param_open="<parameter=",
-                key_close=">",
-                value_close="</parameter>",
-                call_close="</function>",
+                *("<function=", ">", "<parameter=", ">", "</parameter>", "</function>"),
                 lead="\n",
-                pad="\n",
+                pad="\n",  # a value on its own lines
                 gap="\n",
                 lenient=True,
                 values="qwen3_coder",
@@ -303,18 +308,7 @@ DIALECTS: dict[str, Dialect] = {
             "minimax_m2",
             "<minimax:tool_call>",
             "</minimax:tool_call>",
-            ParamElements(
-                call_open="<invoke name=",
-                name_close=">",
-                param_open="<parameter name=",
-                key_close=">",
-                value_close="</parameter>",
-                call_close="</invoke>",
-                quoted=True,
-                gap="\n",
-                values="minimax",
-                strip_values=True,
-            ),
+            _invoke_elements("", values="minimax", strip_values=True),
             section=True,
             section_open="\n",
         ),
@@ -325,9 +319,7 @@ DIALECTS: dict[str, Dialect] = {
             "<|tool_calls_section_begin|>",
             "<|tool_calls_section_end|>",
             JsonEnvelope(
-                call_open="<|tool_call_begin|>",
-                arguments_open="<|tool_call_argument_begin|>",
-                call_close="<|tool_call_end|>",
+                None, "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
             ),
             id_style="functions_index",
             section=True,
@@ -360,11 +352,7 @@ DIALECTS: dict[str, Dialect] = {
             "<function name=",
             "</function>",
             ParamElements(
-                call_open=None,
-                name_close=">",
-                param_open="<param name=",
-                key_close=">",
-                value_close="</param>",
+                *(None, ">", "<param name=", ">", "</param>"),
                 quoted=True,
                 values="minimax",  # MiniMax's parser's typing
                 streamed=False,
@@ -379,19 +367,7 @@ DIALECTS: dict[str, Dialect] = {
             "muse_spark",
             "<atem:function_calls>",
             "</atem:function_calls>",
-            ParamElements(
-                call_open="<atem:invoke name=",
-                name_close=">",
-                param_open="<atem:parameter name=",
-                key_close=">",
-                value_close="</atem:parameter>",
-                call_close="</atem:invoke>",
-                quoted=True,
-                gap="\n",
-                gap_optional=True,
-                values="json",
-                streamed=False,
-            ),
+            _invoke_elements("atem:", gap_optional=True, values="json", streamed=False),
             section=True,
         ),
     )

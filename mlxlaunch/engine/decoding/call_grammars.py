@@ -37,12 +37,13 @@ from mlxlaunch.engine.decoding.schema_refs import (
     allows_undeclared,
     as_schema,
     declared_types,
+    inline_refs,
     never_string,
     parameters,
     required_first,
     string_only,
 )
-from mlxlaunch.engine.types import InvalidRequest
+from mlxlaunch.engine.types import InvalidRequest, ToolChoice, ToolSpec
 from mlxlaunch.store.dialects import IdStyle, JsonEnvelope, ParamElements, ValueTyping
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
@@ -105,6 +106,47 @@ class LarkRules:
     def text(self) -> str:
         """The rules as lark text."""
         return "\n".join(self._lines) + "\n"
+
+
+def constrained_tools(
+    tools: Sequence[ToolSpec], choice: ToolChoice, *, inline: bool = True
+) -> list[CallTool] | None:
+    """The tools a tool-call constraint is built for, or None when the choice needs none
+    ("none", or "auto" without strict tools): the named one for "tool", else all; forced or
+    strict ones with their schema (`argument_schema`), the others taking any object.
+
+    Raises:
+        InvalidRequest: the choice names a tool that is not offered, or calls for a tool
+            without tools.
+    """
+    forced = choice.mode in ("any", "tool")
+    if choice.mode == "none" or not (forced or any(t.strict for t in tools)):
+        return None
+    if not tools:
+        raise InvalidRequest(f"tool_choice {choice.mode!r} needs at least one tool")
+    offered = list(tools)
+    if choice.mode == "tool":
+        offered = [t for t in tools if t.name == choice.name]
+        if not offered:
+            raise InvalidRequest(f"tool_choice names tool {choice.name!r}, which is not offered")
+    return [
+        CallTool(
+            t.name,
+            argument_schema(t.parameters, inline=inline) if forced or t.strict else ANY_OBJECT,
+            t.parameters,
+        )
+        for t in offered
+    ]
+
+
+def argument_schema(schema: dict[str, Any], *, inline: bool = True) -> dict[str, Any]:
+    """A tool's input schema as a grammar takes it: an object, whatever the client sent, with
+    its local `$ref`s inlined (unless not `inline`: a grammar that keeps each schema whole)."""
+    if not isinstance(schema, dict) or not schema:
+        return ANY_OBJECT
+    cleaned = {k: v for k, v in schema.items() if k != "$schema"}
+    cleaned.setdefault("type", "object")
+    return inline_refs(cleaned) if inline else cleaned
 
 
 # --- JSON arguments ---------------------------------------------------------------------------

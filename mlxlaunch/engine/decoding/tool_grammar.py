@@ -15,20 +15,19 @@ grammar lets the model write): the record's `markup` gives one call (`call_gramm
 span markers, section and separator lay the calls out. Harmony's channel messages have
 grammars of their own (`harmony_grammar`, chosen by the decoding plan).
 Schemas are cut into pieces by the grammars, so their local `$ref`s are inlined first
-(`schema_refs.inline_refs`).
+(`call_grammars.argument_schema`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from mlxlaunch.engine.decoding.call_grammars import (
-    ANY_OBJECT,
     CallTool,
+    constrained_tools,
     envelope_call,
     params_call,
     pythonic_call,
@@ -41,7 +40,6 @@ from mlxlaunch.engine.decoding.grammar import (
     text_without,
     thinking_rules,
 )
-from mlxlaunch.engine.decoding.schema_refs import inline_refs
 from mlxlaunch.engine.types import InvalidRequest, ToolChoice, ToolSpec
 from mlxlaunch.store.dialects import DIALECTS, Dialect, JsonEnvelope, Notation, ParamElements
 
@@ -112,28 +110,16 @@ def tool_call_constraint(
             tools, or the model's family has no tool-call grammar; or a schema cannot compile.
     """
     family = family or (dialect.name if dialect is not None else "")
-    forced = choice.mode in ("any", "tool")
-    if choice.mode == "none" or not (forced or any(t.strict for t in tools)):
+    call_tools = constrained_tools(tools, choice)
+    if call_tools is None:
         return None
-    if not tools:
-        raise InvalidRequest(f"tool_choice {choice.mode!r} needs at least one tool")
     record = grammar_dialect(family, dialect=dialect, tokenizer=tokenizer)
     if record is None:
         raise InvalidRequest(
             f"cannot force tool calls for this model's tool-call format ({family!r}); "
             f"supported: {', '.join(supported_families())}"
         )
-    offered = list(tools)
-    if choice.mode == "tool":
-        offered = [t for t in tools if t.name == choice.name]
-        if not offered:
-            raise InvalidRequest(f"tool_choice names tool {choice.name!r}, which is not offered")
-    call_tools = [
-        CallTool(t.name, argument_schema(t.parameters), t.parameters)
-        if forced or t.strict
-        else CallTool(t.name, ANY_OBJECT, t.parameters)
-        for t in offered
-    ]
+    forced = choice.mode in ("any", "tool")
     lines = [call_rules(tokenizer, record, call_tools)]
     prefix = ""
     if think_end is not None:
@@ -179,13 +165,3 @@ def _calls_rules(
     # A spelled opener: text and opener must be one lazy lexeme (see call_grammars).
     rules.append(f"text_then_opener[lazy]: TEXT {opener}")
     return [*rules, "answer: TEXT | text_then_opener after_opener"]
-
-
-def argument_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """A tool's input schema as a grammar takes it: an object, whatever the client sent, with
-    its local `$ref`s inlined."""
-    if not isinstance(schema, dict) or not schema:
-        return ANY_OBJECT
-    cleaned = {k: v for k, v in schema.items() if k != "$schema"}
-    cleaned.setdefault("type", "object")
-    return inline_refs(cleaned)
