@@ -152,6 +152,11 @@ class Dialect:
         section: all of a turn's calls are in one span (else each call has a span of its own).
         section_open, section_close: text right inside a section's markers.
         separator: text between two calls; `separator_optional`: it may be left out.
+        detected_by: markup in a chat template that shows this family: any of these sets,
+            every string of the set in the template (`detect_dialect` tries the families in
+            `DIALECTS` order, the more specific first).
+        vocab_evidence: with no template evidence, the span markers in the vocabulary show
+            the family.
     """
 
     name: str
@@ -170,6 +175,8 @@ class Dialect:
     section_close: str = ""
     separator: str = ""
     separator_optional: bool = False
+    detected_by: tuple[tuple[str, ...], ...] = ()
+    vocab_evidence: bool = False
 
     def __post_init__(self) -> None:
         shape = _SHAPES.get(type(self.markup))
@@ -182,18 +189,12 @@ class Dialect:
 
 _SHAPES: dict[type, ArgumentShape] = {ParamElements: "params", JsonEnvelope: "json"}
 
-HARMONY = Dialect(name="harmony", arguments="json", channels=True, mlx_lm_parser=False)
-# <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>Bash<｜tool▁sep｜>{…}<｜tool▁call▁end｜>
-# <｜tool▁calls▁end｜>
-DEEPSEEK_V31 = Dialect(
-    "deepseek_v31",
-    "<｜tool▁calls▁begin｜>",
-    "<｜tool▁calls▁end｜>",
-    JsonEnvelope(
-        None, "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>", fenced=True
-    ),
+HARMONY = Dialect(
+    name="harmony",
+    arguments="json",
+    channels=True,
     mlx_lm_parser=False,
-    section=True,
+    detected_by=(("<|channel|>", "<|call|>"),),
 )
 
 
@@ -213,36 +214,7 @@ def _invoke_elements(namespace: str, **changes: Any) -> ParamElements:
     )
 
 
-DSML = "｜DSML｜"
-# <｜DSML｜function_calls>\n<｜DSML｜invoke name="f">\n<｜DSML｜parameter name="p" string="true">v
-# </｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls> (｜ is U+FF5C)
-DEEPSEEK_V32 = Dialect(
-    "deepseek_v32",
-    f"<{DSML}function_calls>",
-    f"</{DSML}function_calls>",
-    _invoke_elements(DSML, values="dsml", string_attribute=True),
-    mlx_lm_parser=False,
-    section=True,
-    section_open="\n",
-)
-# {"name": "Bash", "parameters": {…}} as the whole output (the Llama 3.3 template writes no
-# <|python_tag|>)
-LLAMA3_JSON = Dialect(
-    "llama3_json",
-    "<|python_tag|>",
-    "",
-    JsonEnvelope("parameters"),
-    leading_call="{",
-    mlx_lm_parser=False,
-)
-
-# A template's own JSON call syntax, learned by rendering a probe call through it
-# (`engine/runtime/learned_syntax.py`) for markup no table below knows; its markers are filled
-# in per model. Not a `--tool-format` choice.
-LEARNED_JSON = Dialect(name="template_json", arguments="json", mlx_lm_parser=False)
-
-
-def _glm_like(name: str, prefix: str) -> Dialect:
+def _glm_like(name: str, prefix: str, evidence: str) -> Dialect:
     """GLM's markup (`NAME\\n<arg_key>K</arg_key>\\n<arg_value>V</arg_value>…`, newlines
     optional: GLM 4.7 drops them); LongCat writes the same with `longcat_` tags."""
     return Dialect(
@@ -265,24 +237,100 @@ def _glm_like(name: str, prefix: str) -> Dialect:
         ),
         separator="\n",
         separator_optional=True,
+        detected_by=((evidence,),),
     )
 
 
-# Every dialect by name (what `--tool-format` accepts).
+DSML = "｜DSML｜"
+# <｜DSML｜function_calls>\n<｜DSML｜invoke name="f">\n<｜DSML｜parameter name="p" string="true">v
+# </｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls> (｜ is U+FF5C)
+DEEPSEEK_V32 = Dialect(
+    "deepseek_v32",
+    f"<{DSML}function_calls>",
+    f"</{DSML}function_calls>",
+    _invoke_elements(DSML, values="dsml", string_attribute=True),
+    mlx_lm_parser=False,
+    section=True,
+    section_open="\n",
+    detected_by=((DSML,),),
+)
+# <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>Bash<｜tool▁sep｜>{…}<｜tool▁call▁end｜>
+# <｜tool▁calls▁end｜>
+DEEPSEEK_V31 = Dialect(
+    "deepseek_v31",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁calls▁end｜>",
+    JsonEnvelope(
+        None, "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>", fenced=True
+    ),
+    mlx_lm_parser=False,
+    section=True,
+    detected_by=(("<｜tool▁calls▁begin｜>",),),
+)
+# {"name": "Bash", "parameters": {…}} as the whole output (the Llama 3.3 template writes no
+# <|python_tag|>)
+LLAMA3_JSON = Dialect(
+    "llama3_json",
+    "<|python_tag|>",
+    "",
+    JsonEnvelope("parameters"),
+    leading_call="{",
+    mlx_lm_parser=False,
+    detected_by=(("<|python_tag|>",), ('"parameters": ', "<|start_header_id|>")),
+)
+
+# A template's own JSON call syntax, learned by rendering a probe call through it
+# (`engine/runtime/learned_syntax.py`) for markup no record below knows; its markers are
+# filled in per model. Not a `--tool-format` choice.
+LEARNED_JSON = Dialect(name="template_json", arguments="json", mlx_lm_parser=False)
+
+# Every dialect by name (what `--tool-format` accepts), in the order templates are matched
+# against their `detected_by` markup: the more specific first (a Qwen3-Coder template also
+# contains <tool_call>; harmony's before anything JSON-ish).
 DIALECTS: dict[str, Dialect] = {
     d.name: d
     for d in (
         HARMONY,
-        DEEPSEEK_V31,
         DEEPSEEK_V32,
-        LLAMA3_JSON,
-        # <tool_call>\n{"name": "Bash", "arguments": {…}}\n</tool_call> (Qwen, Hermes)
+        DEEPSEEK_V31,
+        # <minimax:tool_call>\n<invoke name="Bash">\n<parameter name="command">ls</parameter>\n
+        # </invoke>\n</minimax:tool_call>
         Dialect(
-            "json_tools",
-            "<tool_call>",
-            "</tool_call>",
-            JsonEnvelope(named_object="arguments", lead="\n", trail="\n"),
-            separator="\n",
+            "minimax_m2",
+            "<minimax:tool_call>",
+            "</minimax:tool_call>",
+            _invoke_elements("", values="minimax", strip_values=True),
+            section=True,
+            section_open="\n",
+            detected_by=(("<minimax:tool_call>",),),
+        ),
+        Dialect(
+            "gemma4",
+            "<|tool_call>",
+            "<tool_call|>",
+            Notation("gemma4"),
+            detected_by=(("<|tool_call>", "<tool_call|>"),),
+        ),
+        Dialect(
+            "function_gemma",
+            "<start_function_call>",
+            "<end_function_call>",
+            detected_by=(("<start_function_call>",),),
+        ),
+        _glm_like("longcat", "longcat_", "<longcat_tool_call>"),
+        _glm_like("glm47", "", "<arg_key>"),
+        # <|tool_call_start|>[Bash(command="ls"), Read(path="a")]<|tool_call_end|> (LFM2)
+        Dialect(
+            "pythonic",
+            "<|tool_call_start|>",
+            "<|tool_call_end|>",
+            Notation("pythonic"),
+            section=True,
+            section_open="[",
+            section_close="]",
+            separator=", ",
+            detected_by=(("<|tool_call_start|>",), ("<|tool_list_start|>",)),
+            vocab_evidence=True,
         ),
         # <tool_call>\n<function=Bash>\n<parameter=command>\nls\n</parameter>\n</function>\n
         # </tool_call>
@@ -300,17 +348,7 @@ DIALECTS: dict[str, Dialect] = {
                 python_booleans=True,  # the template writes `value | string`: True, False
             ),
             separator="\n",
-        ),
-        _glm_like("glm47", ""),
-        # <minimax:tool_call>\n<invoke name="Bash">\n<parameter name="command">ls</parameter>\n
-        # </invoke>\n</minimax:tool_call>
-        Dialect(
-            "minimax_m2",
-            "<minimax:tool_call>",
-            "</minimax:tool_call>",
-            _invoke_elements("", values="minimax", strip_values=True),
-            section=True,
-            section_open="\n",
+            detected_by=(("<tool_call>\\n<function=",), ("<tool_call>\n<function=",)),
         ),
         # <|tool_calls_section_begin|><|tool_call_begin|>functions.Bash:0
         # <|tool_call_argument_begin|>{…}<|tool_call_end|><|tool_calls_section_end|>
@@ -323,28 +361,7 @@ DIALECTS: dict[str, Dialect] = {
             ),
             id_style="functions_index",
             section=True,
-        ),
-        # [TOOL_CALLS]Bash[ARGS]{…}, or Bash[CALL_ID]a1b2c3d4e[ARGS]{…}; each call opens with
-        # its own [TOOL_CALLS] and the output's end closes the last.
-        Dialect(
-            "mistral",
-            "[TOOL_CALLS]",
-            "",
-            JsonEnvelope(arguments_open="[ARGS]", call_id="[CALL_ID]", reads_json_values=True),
-        ),
-        Dialect("gemma4", "<|tool_call>", "<tool_call|>", Notation("gemma4")),
-        Dialect("function_gemma", "<start_function_call>", "<end_function_call>"),
-        _glm_like("longcat", "longcat_"),
-        # <|tool_call_start|>[Bash(command="ls"), Read(path="a")]<|tool_call_end|> (LFM2)
-        Dialect(
-            "pythonic",
-            "<|tool_call_start|>",
-            "<|tool_call_end|>",
-            Notation("pythonic"),
-            section=True,
-            section_open="[",
-            section_close="]",
-            separator=", ",
+            detected_by=(("<|tool_calls_section_begin|>",),),
         ),
         # <function name="Bash"><param name="command">ls</param></function>, one after another
         Dialect(
@@ -359,6 +376,16 @@ DIALECTS: dict[str, Dialect] = {
             ),
             separator="\n",
             separator_optional=True,
+            detected_by=(('<function name="', '<param name="'),),
+        ),
+        # [TOOL_CALLS]Bash[ARGS]{…}, or Bash[CALL_ID]a1b2c3d4e[ARGS]{…}; each call opens with
+        # its own [TOOL_CALLS] and the output's end closes the last.
+        Dialect(
+            "mistral",
+            "[TOOL_CALLS]",
+            "",
+            JsonEnvelope(arguments_open="[ARGS]", call_id="[CALL_ID]", reads_json_values=True),
+            detected_by=(("[TOOL_CALLS]",),),
         ),
         # <atem:function_calls><atem:invoke name="Bash"><atem:parameter name="command">"ls"
         # </atem:parameter></atem:invoke></atem:function_calls>; its parser JSON-decodes every
@@ -369,33 +396,20 @@ DIALECTS: dict[str, Dialect] = {
             "</atem:function_calls>",
             _invoke_elements("atem:", gap_optional=True, values="json", streamed=False),
             section=True,
+            detected_by=(("<atem:function_calls>",),),
         ),
+        # <tool_call>\n{"name": "Bash", "arguments": {…}}\n</tool_call> (Qwen, Hermes)
+        Dialect(
+            "json_tools",
+            "<tool_call>",
+            "</tool_call>",
+            JsonEnvelope(named_object="arguments", lead="\n", trail="\n"),
+            separator="\n",
+            detected_by=(("<tool_call>", "tool_call.name"),),
+        ),
+        LLAMA3_JSON,
     )
 }
-
-# Markup in a chat template -> the dialect that writes it. Order matters: more specific first
-# (a Qwen3-Coder template also contains <tool_call>; harmony's before anything JSON-ish).
-TEMPLATE_MARKERS: tuple[tuple[tuple[str, ...], str], ...] = (
-    (("<|channel|>", "<|call|>"), "harmony"),
-    (("｜DSML｜",), "deepseek_v32"),
-    (("<｜tool▁calls▁begin｜>",), "deepseek_v31"),
-    (("<minimax:tool_call>",), "minimax_m2"),
-    (("<|tool_call>", "<tool_call|>"), "gemma4"),
-    (("<start_function_call>",), "function_gemma"),
-    (("<longcat_tool_call>",), "longcat"),
-    (("<arg_key>",), "glm47"),
-    (("<|tool_call_start|>",), "pythonic"),
-    (("<|tool_list_start|>",), "pythonic"),
-    (("<tool_call>\\n<function=",), "qwen3_coder"),
-    (("<tool_call>\n<function=",), "qwen3_coder"),
-    (("<|tool_calls_section_begin|>",), "kimi_k2"),
-    (('<function name="', '<param name="'), "minicpm5"),
-    (("[TOOL_CALLS]",), "mistral"),
-    (("<atem:function_calls>",), "muse_spark"),
-    (("<tool_call>", "tool_call.name"), "json_tools"),
-    (("<|python_tag|>",), "llama3_json"),
-    (('"parameters": ', "<|start_header_id|>"), "llama3_json"),
-)
 
 # Think markers mlx-lm does not look for: (start, end) when both are in the vocabulary.
 EXTRA_THINK_MARKERS: tuple[tuple[str, str], ...] = (("[THINK]", "[/THINK]"),)
@@ -407,16 +421,30 @@ def detect_dialect(chat_template: str | None, vocab: Collection[str]) -> Dialect
     Where the template writes ids in a form it checks (Mistral's `[CALL_ID]`), the dialect asks
     for that form; think markers mlx-lm misses are added when the vocabulary holds them."""
     found = _from_template(chat_template) if chat_template else None
-    if found is None and "<|tool_call_start|>" in vocab and "<|tool_call_end|>" in vocab:
-        found = DIALECTS["pythonic"]
+    if found is None:
+        found = next((d for d in DIALECTS.values() if d.vocab_evidence and _in(d, vocab)), None)
     think = next(((s, e) for s, e in EXTRA_THINK_MARKERS if s in vocab and e in vocab), None)
     if found is None:
         return None if think is None else Dialect("none", think_start=think[0], think_end=think[1])
-    if found.name == "mistral" and chat_template and "[CALL_ID]" in chat_template:
-        found = _replace(found, id_style="alnum9")
+    found = with_template_ids(found, chat_template)
     if think is not None and found.think_start is None:
         found = _replace(found, think_start=think[0], think_end=think[1])
     return found
+
+
+def with_template_ids(dialect: Dialect, chat_template: str | None) -> Dialect:
+    """`dialect`, asking for ids in the form its template checks: a family that writes an id
+    only where the template shows the id's marker (Mistral Small 3.2's `[CALL_ID]`)."""
+    markup = dialect.markup
+    if not isinstance(markup, JsonEnvelope) or not markup.call_id or dialect.id_style != "any":
+        return dialect
+    if chat_template and markup.call_id in chat_template:
+        return _replace(dialect, id_style="alnum9")
+    return dialect
+
+
+def _in(dialect: Dialect, vocab: Collection[str]) -> bool:
+    return dialect.tool_call_start in vocab and dialect.tool_call_end in vocab
 
 
 def dialect_named(name: str) -> Dialect:
@@ -430,9 +458,9 @@ def dialect_named(name: str) -> Dialect:
 
 
 def _from_template(chat_template: str) -> Dialect | None:
-    for markers, name in TEMPLATE_MARKERS:
-        if all(m in chat_template for m in markers):
-            return DIALECTS[name]
+    for dialect in DIALECTS.values():
+        if any(all(m in chat_template for m in markers) for markers in dialect.detected_by):
+            return dialect
     return None
 
 

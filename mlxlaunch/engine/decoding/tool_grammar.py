@@ -20,7 +20,6 @@ Schemas are cut into pieces by the grammars, so their local `$ref`s are inlined 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
@@ -41,7 +40,14 @@ from mlxlaunch.engine.decoding.grammar import (
     thinking_rules,
 )
 from mlxlaunch.engine.types import InvalidRequest, ToolChoice, ToolSpec
-from mlxlaunch.store.dialects import DIALECTS, Dialect, JsonEnvelope, Notation, ParamElements
+from mlxlaunch.store.dialects import (
+    DIALECTS,
+    Dialect,
+    JsonEnvelope,
+    Notation,
+    ParamElements,
+    with_template_ids,
+)
 
 # The notations of their own (`store.dialects.Notation.kind`) -> their call builders.
 NOTATIONS = {"gemma4": gemma4_call, "pythonic": pythonic_call}
@@ -62,12 +68,7 @@ def grammar_dialect(
     found = dialect if dialect is not None and dialect.name == family else DIALECTS.get(family)
     if found is None or found.markup is None:
         return None
-    markup = found.markup
-    if isinstance(markup, JsonEnvelope) and markup.call_id and found.id_style == "any":
-        template = getattr(tokenizer, "chat_template", None)
-        if isinstance(template, str) and markup.call_id in template:
-            return dataclasses.replace(found, id_style="alnum9")
-    return found
+    return with_template_ids(found, getattr(tokenizer, "chat_template", None))
 
 
 def call_rules(tokenizer: TokenizerWrapper, dialect: Dialect, tools: Sequence[CallTool]) -> str:
