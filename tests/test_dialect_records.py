@@ -22,6 +22,7 @@ import mlx_lm
 import pytest
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from test_constrain import allowed_ids, generate, prompt_tokens
+from test_constrain_tools import BASH, WEATHER
 
 from mlxlaunch.engine.decoding.grammar import GrammarConstraint
 from mlxlaunch.engine.decoding.tool_grammar import supported_families, tool_call_constraint
@@ -42,35 +43,15 @@ pytestmark = pytest.mark.slow  # builds and samples a model
 
 RECORDS = [d for d in DIALECTS.values() if d.markup is not None]
 
-BASH = ToolSpec(
-    "Bash",
-    "Run a command",
-    {
-        "type": "object",
-        "properties": {
-            "command": {"type": "string", "maxLength": 40},
-            "timeout": {"type": "integer", "minimum": 0, "maximum": 600},
-            "background": {"type": "boolean"},
-        },
-        "required": ["command"],
-    },
-)
-WEATHER = ToolSpec(
-    "get_weather",
-    "Forecast",
-    {
-        "type": "object",
-        "properties": {
-            "city": {"type": "string", "maxLength": 12},
-            "unit": {"type": "string", "enum": ["c", "f"]},
-            "days": {"type": "integer", "minimum": 1, "maximum": 7},
-            "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 2},
-        },
-        "required": ["city", "unit"],
-    },
-)
-TOOLS = [BASH, WEATHER]
-SCHEMAS = {t.name: t.parameters for t in TOOLS}
+# Beside the strings, integers and enums of test_constrain_tools' tools: booleans and arrays.
+TAGS = ToolSpec("Tag", "Tag a file", {"type": "object", "required": ["path", "pinned"]})
+TAGS.parameters["properties"] = {
+    "path": {"type": "string", "maxLength": 12},
+    "pinned": {"type": "boolean"},
+    "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 2},
+}
+TOOLS = [BASH, WEATHER, TAGS]
+SCHEMAS = {t.name: {k: v for k, v in t.parameters.items() if k != "$schema"} for t in TOOLS}
 
 # Two families no table knows, each of a shape that is: XML-ish elements and a JSON envelope.
 ACME = Dialect(
@@ -79,7 +60,6 @@ ACME = Dialect(
     "</acme:calls>",
     ParamElements(
         *('<acme:tool name="', '">', "<acme:arg key=", ">", "</acme:arg>", "</acme:tool>"),
-        quoted=False,
         gap="\n",
         values="minimax",
         strip_values=True,
