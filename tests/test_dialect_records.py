@@ -207,16 +207,16 @@ def follows(constraint: GrammarConstraint, tokenizer: TokenizerWrapper, text: st
     return bool(allowed_ids(processor, sequence, vocab) & set(tokenizer.eos_token_ids))
 
 
-# A call in each made-up family's markup, as its record spells it, and what it holds.
+# A call in each made-up family's markup, as its record spells it (arguments in schema order).
 NEW_FAMILY_CALLS = {
     "acme_elements": (
         "<acme:calls>\n"
         '<acme:tool name="get_weather">\n<acme:arg key=city>Oslo</acme:arg>\n'
-        "<acme:arg key=unit>c</acme:arg>\n<acme:arg key=days>3</acme:arg>\n</acme:tool>\n"
+        "<acme:arg key=days>3</acme:arg>\n<acme:arg key=unit>c</acme:arg>\n</acme:tool>\n"
         "</acme:calls>"
     ),
     "rocket_envelope": (
-        '<rocket><call>get_weather<args>{"city": "Oslo", "unit": "c", "days": 3}</call></rocket>'
+        '<rocket><call>get_weather<args>{"city": "Oslo", "days": 3, "unit": "c"}</call></rocket>'
     ),
 }
 
