@@ -77,21 +77,11 @@ def harmony_tool_constraint(
     think_end: str | None = None,
     analysis: bool = True,
 ) -> GrammarConstraint | None:
-    """The constraint a request's tools and tool choice call for on gpt-oss, or None.
-
-    Args:
-        tokenizer: the loaded model's tokenizer.
-        tools: the tools offered in the request.
-        choice: the request's tool choice.
-        think_end: unused (harmony prompts open no think span; the analysis message is the
-            thinking); accepted so callers can treat every family alike.
-        analysis: allow an analysis message before the constrained part (gpt-oss reasons
-            first by training; without it the output starts at the call or answer).
-
-    Raises:
-        InvalidRequest: the choice names a tool that is not offered, or calls for a tool
-            without tools; or a schema cannot compile.
-    """
+    """The constraint a request's tools and tool choice call for on gpt-oss, or None: the
+    arguments and errors of `tool_grammar.tool_call_constraint`, except that `think_end` is
+    unused (harmony prompts open no think span; the analysis message is the thinking) and
+    `analysis` allows an analysis message before the constrained part (gpt-oss reasons first
+    by training; without it the output starts at the call or answer)."""
     del think_end
     # Each schema stays whole here (one %json per call), so its `$ref`s need no inlining.
     call_tools = constrained_tools(tools, choice, inline=False)
