@@ -29,7 +29,6 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from mlxlaunch.engine.output.json_stream import JsonObjectStream
 from mlxlaunch.engine.output.spans import (
@@ -40,8 +39,8 @@ from mlxlaunch.engine.output.spans import (
     ParsedCall,
     SpanParser,
     SpanReaderFactory,
-    arguments_text,
 )
+from mlxlaunch.engine.output.tools import parsed_call
 from mlxlaunch.store.dialects import DIALECTS, Dialect, JsonEnvelope
 
 # A header longer than this is not one (real ones are a name, an id and markup): stop
@@ -214,30 +213,10 @@ def json_value_calls(text: str) -> list[ParsedCall] | None:
         except (ValueError, RecursionError):  # not JSON, an integer past int(), too deep
             return None
         for item in value if isinstance(value, list) else [value]:
-            call = _json_call(item)
+            call = parsed_call(item)
             if call is None:
                 return None
             calls.append(call)
-
-
-def _json_call(item: Any) -> ParsedCall | None:
-    """One call from `{"name", "arguments" | "parameters", "id"?}` (or OpenAI's
-    `{"function": {...}}`)."""
-    if not isinstance(item, dict):
-        return None
-    if isinstance(item.get("function"), dict) and "name" not in item:
-        item = {"id": item.get("id"), **item["function"]}
-    name = item.get("name")
-    if not isinstance(name, str) or not name.strip():
-        return None
-    arguments = item["arguments"] if "arguments" in item else item.get("parameters")
-    text = arguments_text({} if arguments is None else arguments)
-    if text is None:
-        return None
-    model_id = item.get("id")
-    return ParsedCall(
-        name.strip(), text, model_id if isinstance(model_id, str) and model_id else None
-    )
 
 
 def _no_calls(text: str) -> list[ParsedCall] | None:
