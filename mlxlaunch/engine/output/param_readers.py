@@ -55,7 +55,7 @@ _DSML_STRING = re.compile(r"""string\s*=\s*["']?(true|false)""")
 
 
 @dataclass(frozen=True)
-class ParamGrammar:
+class ReaderMarkers:
     """A `ParamElements` record as the markers the reader waits for (see `reader_markers`).
 
     A call is `call_open NAME name_end` (or, when `call_open` is None, the span opens with
@@ -82,7 +82,7 @@ class ParamGrammar:
 
 
 @functools.cache
-def reader_markers(elements: ParamElements) -> ParamGrammar:
+def reader_markers(elements: ParamElements) -> ReaderMarkers:
     """What the reader of `elements` waits for: the record's markers, plus the looser ends
     the family's parser takes (a name without `name_close` ends at the gap or the first
     parameter; `lenient` names and keys also end at a newline)."""
@@ -91,7 +91,7 @@ def reader_markers(elements: ParamElements) -> ParamGrammar:
         name_ends: tuple[str, ...] = (elements.name_close, *lenient)
     else:
         name_ends = tuple(m for m in (elements.gap, elements.param_open) if m)
-    return ParamGrammar(
+    return ReaderMarkers(
         call_open=elements.call_open,
         name_ends=name_ends,
         param_open=elements.param_open,
@@ -158,11 +158,11 @@ class _Call:
 class ParamSpanReader:
     """Reads one span of a parameter-style family (a `SpanReader`, see `spans.py`)."""
 
-    def __init__(self, grammar: ParamGrammar, properties: Mapping[str, Mapping[str, Any]]):
-        self._grammar = grammar
+    def __init__(self, markers: ReaderMarkers, properties: Mapping[str, Mapping[str, Any]]):
+        self._markers = markers
         self._properties = properties  # tool name -> parameter name -> schema
         self._scan = _MarkerScanner()
-        self._at = _At.NAME if grammar.call_open is None else _At.CALL_OPEN
+        self._at = _At.NAME if markers.call_open is None else _At.CALL_OPEN
         self._call: _Call | None = None
         self._committed = False
 
@@ -184,16 +184,16 @@ class ParamSpanReader:
         if not self._committed:
             whole: list[CallPiece] | None = None
             if complete and at is _At.JSON:
-                whole = _json_call(self._scan.text(), self._grammar, self._properties)
-            elif complete and at is _At.NAME and self._grammar.call_open is None:
+                whole = _json_call(self._scan.text(), self._markers, self._properties)
+            elif complete and at is _At.NAME and self._markers.call_open is None:
                 whole = self._name_only_call()
             self._committed = whole is not None
             return whole
         call, self._call = self._call, None
         if call is None:
             return []
-        if at is _At.BETWEEN and self._grammar.json_body and not call.args:
-            arguments = _json_arguments(self._scan.text(), self._grammar, call.properties)
+        if at is _At.BETWEEN and self._markers.json_body and not call.args:
+            arguments = _json_arguments(self._scan.text(), self._markers, call.properties)
             if arguments is not None:
                 return [CallArgs(arguments), CallEnd(arguments)]
         # Cut off, or a value left half written: the call is not what the model meant.
@@ -203,27 +203,27 @@ class ParamSpanReader:
 
     def _step(self, pieces: list[CallPiece]) -> bool:
         """Consume up to the next marker of the current state; False when it has not come."""
-        grammar, at = self._grammar, self._at
+        markers, at = self._markers, self._at
         if at is _At.VALUE:  # first: where long text arrives
-            found = self._scan.until((grammar.value_close,))
+            found = self._scan.until((markers.value_close,))
             if found is None:
                 return False
             pieces += self._param(found[1])
             self._at = _At.BETWEEN
             return True
         if at is _At.CALL_OPEN:
-            assert grammar.call_open is not None
-            return self._advance(self._scan.until((grammar.call_open,), keep=False), _At.NAME)
+            assert markers.call_open is not None
+            return self._advance(self._scan.until((markers.call_open,), keep=False), _At.NAME)
         if at is _At.NAME:
             return self._name(pieces)
         if at is _At.BETWEEN:
             assert self._call is not None
             # Text between a GLM name and its first parameter is kept: it may be JSON.
-            keep = grammar.json_body and not self._call.args
-            found = self._scan.until(grammar.between, keep=keep)
+            keep = markers.json_body and not self._call.args
+            found = self._scan.until(markers.between, keep=keep)
             if found is None:
                 return False
-            if found[0] == grammar.param_open:
+            if found[0] == markers.param_open:
                 self._at = _At.KEY
             else:
                 pieces += _end(self._call)
@@ -233,8 +233,8 @@ class ParamSpanReader:
         if at is _At.KEY:
             return self._key()
         if at is _At.VALUE_OPEN:
-            assert grammar.value_open is not None
-            return self._advance(self._scan.until((grammar.value_open,), keep=False), _At.VALUE)
+            assert markers.value_open is not None
+            return self._advance(self._scan.until((markers.value_open,), keep=False), _At.VALUE)
         if at is _At.JSON:
             self._scan.until((), keep=True)  # settle the text: a long body is not re-copied
         return False  # JSON and SKIP wait for close
@@ -246,11 +246,11 @@ class ParamSpanReader:
         return True
 
     def _name(self, pieces: list[CallPiece]) -> bool:
-        grammar = self._grammar
-        if grammar.json_body and not self._committed and self._scan.text().lstrip()[:1] == "{":
+        markers = self._markers
+        if markers.json_body and not self._committed and self._scan.text().lstrip()[:1] == "{":
             self._at = _At.JSON
             return False
-        found = self._scan.until(grammar.name_ends)
+        found = self._scan.until(markers.name_ends)
         if found is None:
             if self._scan.size() > _MAX_NAME:
                 self._skip()
@@ -265,12 +265,12 @@ class ParamSpanReader:
         self._call = _Call(self._properties.get(name, {}))
         self._committed = True
         pieces.append(CallBegin(name))
-        self._at = _At.KEY if marker == grammar.param_open else _At.BETWEEN
+        self._at = _At.KEY if marker == markers.param_open else _At.BETWEEN
         return True
 
     def _key(self) -> bool:
         assert self._call is not None
-        found = self._scan.until(self._grammar.key_ends)
+        found = self._scan.until(self._markers.key_ends)
         if found is None:
             if self._scan.size() > _MAX_NAME:
                 self._skip()  # no key ends in sight: the rest cannot be trusted
@@ -280,7 +280,7 @@ class ParamSpanReader:
             return True
         key = _key_of(text)
         self._call.key, self._call.hint = key if key is not None else (None, None)
-        self._at = _At.VALUE if self._grammar.value_open is None else _At.VALUE_OPEN
+        self._at = _At.VALUE if self._markers.value_open is None else _At.VALUE_OPEN
         return True
 
     def _param(self, raw: str) -> list[CallPiece]:
@@ -291,8 +291,8 @@ class ParamSpanReader:
         if key is None or key in call.seen:
             return []  # unreadable name, or a repeat: the first value was already sent
         call.seen.add(key)
-        text = self._grammar.trim(raw)
-        value = self._grammar.read_value(text, call.hint, call.properties.get(key))
+        text = self._markers.trim(raw)
+        value = self._markers.read_value(text, call.hint, call.properties.get(key))
         piece = ("{" if not call.args else ", ") + f"{_dumps(key)}: {_value_json(value, text)}"
         call.args.append(piece)
         return [CallArgs(piece)]
@@ -431,7 +431,7 @@ def _value_json(value: Any, text: str) -> str:
 
 
 def _json_call(
-    text: str, grammar: ParamGrammar, properties: Mapping[str, Mapping[str, Any]]
+    text: str, markers: ReaderMarkers, properties: Mapping[str, Mapping[str, Any]]
 ) -> list[CallPiece] | None:
     """A whole body written as `{"name": …, "arguments": {…}}`."""
     parsed = json_or(text, None)
@@ -445,7 +445,7 @@ def _json_call(
     raw = parsed.get("arguments", parsed.get("parameters"))
     arguments = _json_arguments(
         "{}" if raw is None else raw if isinstance(raw, str) else _value_json(raw, ""),
-        grammar,
+        markers,
         properties.get(name.strip(), {}),
     )
     if arguments is None:
@@ -453,14 +453,14 @@ def _json_call(
     return [CallBegin(name.strip()), CallArgs(arguments), CallEnd(arguments)]
 
 
-def _json_arguments(text: str, grammar: ParamGrammar, properties: Mapping[str, Any]) -> str | None:
+def _json_arguments(text: str, markers: ReaderMarkers, properties: Mapping[str, Any]) -> str | None:
     """JSON text of an arguments object written as JSON, its string values read by schema."""
     parsed = json_or(text.strip(), None)
     if not isinstance(parsed, dict):
         return None
     for key, value in parsed.items():
         if isinstance(value, str):
-            parsed[key] = grammar.read_value(value, None, properties.get(key))
+            parsed[key] = markers.read_value(value, None, properties.get(key))
     return arguments_text(parsed)
 
 
