@@ -15,6 +15,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.tokenizer_utils import load as load_tokenizer
+from stream_grammar import check_stream
 
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
@@ -27,7 +28,6 @@ from mlxlaunch.engine.types import (
     TextDelta,
     ThinkingDelta,
 )
-from mlxlaunch.protocol.grammar import check_stream
 from mlxlaunch.protocol.sse import parse_frames
 from mlxlaunch.server.runner import ServerHandle, start_server
 from mlxlaunch.testing.scripted import ScriptedOutput
