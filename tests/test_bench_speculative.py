@@ -265,15 +265,22 @@ async def test_both_workloads_run_through_the_real_servers(tiny_model_dir: Path)
         assert row.errors == 0 and all(rate is not None for rate in row.rounds), row
     for streams in (1, 2):
         auto, off = rows[("copy", streams, AUTO)], rows[("copy", streams, BASE)]
-        # The copy model's own forward passes accept most drafts of its copy of the file.
-        assert auto.counters is not None and auto.counters["drafted_tokens"] > 0
-        acceptance, per_step = auto.acceptance(), auto.tokens_per_step()
-        assert acceptance is not None and acceptance > 0.5
-        assert per_step is not None and per_step > 1
+        by_model = rows[("copy", streams, draft)]
+        for row in (auto, by_model):
+            assert row.counters is not None
+            # Each server tries drafting before it has measured a wide pass (its first level);
+            # later it drafts only where this machine's step times say it pays, which on a
+            # compute-bound CPU may be never: then nothing is drafted, and that is right.
+            if streams == 1:
+                assert row.counters["drafted_tokens"] > 0, row
+            if row.counters["drafted_tokens"] > 0:
+                # The copy model's own forward passes accept most drafts of its copy of the
+                # file (prompt lookup's, and copy-tiny's as a draft model).
+                acceptance, per_step = row.acceptance(), row.tokens_per_step()
+                assert acceptance is not None and acceptance > 0.5, row
+                assert per_step is not None and per_step > 1, row
         assert off.counters is not None and off.counters["drafted_tokens"] == 0
         assert off.tokens_per_step() == 1.0
-        drafted = rows[("copy", streams, draft)].counters
-        assert drafted is not None and drafted["drafted_tokens"] > 0  # from copy-tiny
         assert auto.round_ratios()[0] is not None
         # Greedy: every server wrote the whole reply.
         for name in (AUTO, draft, BASE, PEER_DRAFT_NAME):

@@ -22,11 +22,11 @@ from typing import Any
 import httpx
 import mlx.core as mx
 import pytest
+from stream_grammar import check_stream
 
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
 from mlxlaunch.engine.types import GenerationRequest
-from mlxlaunch.protocol.grammar import check_stream
 from mlxlaunch.protocol.sse import parse_frames
 from mlxlaunch.server.app import ServerSettings
 from mlxlaunch.server.runner import ServerHandle, start_server

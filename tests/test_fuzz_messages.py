@@ -21,9 +21,9 @@ from engine_helpers import serve
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis_profiles import examples
+from stream_grammar import check_stream
 
 from mlxlaunch.protocol.errors import ERROR_STATUS
-from mlxlaunch.protocol.grammar import check_stream
 from mlxlaunch.protocol.requests import MessagesRequest
 from mlxlaunch.protocol.sse import parse_frames
 

@@ -18,10 +18,10 @@ from typing import Any
 
 import httpx
 import pytest
+from stream_grammar import check_stream
 
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
-from mlxlaunch.protocol.grammar import check_stream
 from mlxlaunch.protocol.sse import iter_frames
 from mlxlaunch.server.app import ServerSettings
 from mlxlaunch.server.runner import start_server

@@ -14,6 +14,7 @@ from engine_helpers import BASH_CALL as CALL
 from engine_helpers import BASH_TOOL as BASH
 from engine_helpers import HI, LogitsRecorder, Served, recording_hook
 from mlx_lm.tokenizer_utils import load as load_tokenizer
+from stream_grammar import check_stream
 
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
@@ -25,7 +26,6 @@ from mlxlaunch.engine.types import (
     TextDelta,
     ThinkingDelta,
 )
-from mlxlaunch.protocol.grammar import check_stream
 from mlxlaunch.protocol.sse import parse_frames
 
 pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model

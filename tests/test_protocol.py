@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
+from stream_grammar import StreamGrammarError, check_stream
 
 from mlxlaunch.protocol import ERROR_STATUS, error_body, frame, parse_frames
 from mlxlaunch.protocol.errors import describe_validation_error
-from mlxlaunch.protocol.grammar import StreamGrammarError, check_stream
 from mlxlaunch.protocol.requests import (
     CountTokensRequest,
     MessagesRequest,

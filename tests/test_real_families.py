@@ -37,8 +37,8 @@ from real_templates import (
     scripted_reasoning_and_call,
     served_family,
 )
+from stream_grammar import check_stream
 
-from mlxlaunch.protocol.grammar import check_stream
 from mlxlaunch.protocol.sse import parse_frames
 
 pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model

@@ -13,10 +13,10 @@ from typing import Any
 import anthropic
 import httpx
 import pytest
+from stream_grammar import StreamSummary, check_stream
 
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
-from mlxlaunch.protocol.grammar import StreamSummary, check_stream
 from mlxlaunch.protocol.sse import parse_frames
 from mlxlaunch.server.app import ServerSettings
 from mlxlaunch.server.runner import ServerHandle, start_server

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import RawMessageStreamEvent
+from stream_grammar import check_stream
 
 from mlxlaunch.engine.types import (
     Admitted,
@@ -23,7 +24,6 @@ from mlxlaunch.engine.types import (
     ToolInputDelta,
     Usage,
 )
-from mlxlaunch.protocol.grammar import check_stream
 from mlxlaunch.protocol.sse import encode_event, parse_frames
 from mlxlaunch.server.blocks import ContentBlockStream, anthropic_stop_reason
 

@@ -16,6 +16,7 @@ from typing import Any
 import anthropic
 import httpx
 import pytest
+from stream_grammar import check_stream
 
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.decoding.grammar import ConstraintBroken
@@ -34,7 +35,6 @@ from mlxlaunch.engine.types import (
     PromptTooLong,
     TextDelta,
 )
-from mlxlaunch.protocol.grammar import check_stream
 from mlxlaunch.protocol.sse import parse_frames
 from mlxlaunch.server.app import ServerSettings
 from mlxlaunch.server.errors import ENGINE_ERRORS, UNEXPECTED_MESSAGE

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from stream_grammar import check_stream
 
 from mlxlaunch.engine.types import (
     Admitted,
@@ -23,7 +24,6 @@ from mlxlaunch.engine.types import (
     TextDelta,
     Usage,
 )
-from mlxlaunch.protocol.grammar import check_stream
 from mlxlaunch.protocol.sse import parse_frames
 from mlxlaunch.server.app import ServerSettings
 from mlxlaunch.server.runner import ServerHandle, start_server

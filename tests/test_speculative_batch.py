@@ -418,6 +418,27 @@ def test_no_drafts_where_nothing_is_likely_accepted() -> None:
     assert poor.rate > 0.45
 
 
+def test_a_width_tried_unmeasured_is_held_long_enough_to_be_measured() -> None:
+    """A step's time is known only after two passes of one width in a row, so a width chosen
+    while unmeasured is kept for PROBE_STEPS steps; then the measured cost decides."""
+    from mlxlaunch.engine.decoding.drafting import PROBE_STEPS
+
+    width = DraftWidth()
+    for _ in range(9):
+        width.observe(1, 0.010)
+    good = Acceptance()
+    for _ in range(10):
+        good.observe(4, 4)
+    first = width.choose([4], [good])
+    assert first > 0  # unmeasured widths are assumed cheap, so one is tried
+    held = [width.choose([4], [good]) for _ in range(PROBE_STEPS - 1)]
+    assert held == [first] * (PROBE_STEPS - 1)
+    for _ in range(9):  # measured: every drafted token costs a whole plain step
+        for w in range(2, 10):
+            width.observe(w, 0.010 * w)
+    assert width.choose([4], [good]) == 0  # linear cost: drafting cannot pay
+
+
 def test_a_speculative_sequences_kept_kv_continues_as_a_fresh_prefill_would(model: Any) -> None:
     """What a finished sequence leaves (its KV, written with drafts and rolled back, and the
     tokens it holds) continues a next turn exactly as prefilling those tokens afresh does."""

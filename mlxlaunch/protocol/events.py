@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Discriminator, Field
 
+from mlxlaunch.protocol.context_management import ContextManagementResponse
 from mlxlaunch.protocol.errors import ErrorDetail
 from mlxlaunch.protocol.responses import Message, ResponseContentBlock, StopReason, Usage
 from mlxlaunch.protocol.safeguards import SafeguardResult
@@ -76,6 +77,10 @@ class MessageDeltaEvent(BaseModel):
     type: Literal["message_delta"] = "message_delta"
     delta: MessageDeltaBody
     usage: Usage  # cumulative totals
+    # Streaming home of what the context edits cleared (beside `delta`, as the SDK reads it).
+    context_management: ContextManagementResponse | None = Field(
+        default=None, exclude_if=lambda value: value is None
+    )
 
 
 class MessageStopEvent(BaseModel):

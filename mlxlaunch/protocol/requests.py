@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from mlxlaunch.protocol import limits
+from mlxlaunch.protocol.context_management import ContextManagement
 from mlxlaunch.protocol.json_schema import JsonSchema
 from mlxlaunch.protocol.safeguards import Safeguards
 from mlxlaunch.protocol.threads import MessageThread
@@ -233,6 +234,8 @@ class CountTokensRequest(WireModel):
     output_config: OutputConfig | None = None
     # The structured-outputs beta spelled the same thing at the top level.
     output_format: JsonSchemaFormat | None = None
+    # Edits applied before rendering (protocol/context_management.py, server/context_edits.py).
+    context_management: ContextManagement | None = None
 
     _normalise_system = field_validator("system", mode="before")(_text_to_blocks)
     # Any plain id is served by the loaded model; a path or URL is refused (never loaded).

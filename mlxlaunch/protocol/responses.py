@@ -9,6 +9,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Discriminator, Field
 
+from mlxlaunch.protocol.context_management import (
+    ContextManagementResponse,
+    CountTokensContextManagement,
+)
 from mlxlaunch.protocol.safeguards import SafeguardResult
 
 StopReason = Literal[
@@ -70,10 +74,17 @@ class Message(BaseModel):
     safeguard_results: list[SafeguardResult] | None = Field(
         default=None, exclude_if=lambda value: value is None
     )
+    # What the request's context edits cleared; left out when it asked for none.
+    context_management: ContextManagementResponse | None = Field(
+        default=None, exclude_if=lambda value: value is None
+    )
 
 
 class CountTokensResponse(BaseModel):
     input_tokens: int
+    context_management: CountTokensContextManagement | None = Field(
+        default=None, exclude_if=lambda value: value is None
+    )
 
 
 class ModelEntry(BaseModel):

@@ -43,6 +43,7 @@ from mlxlaunch.server.blocks import TIMINGS_HEADER, ContentBlockStream, new_mess
 from mlxlaunch.server.bodies import json_object
 from mlxlaunch.server.chat_completions import chat_routes
 from mlxlaunch.server.chat_mapping import openai_list_body, openai_model_body, speaks_openai
+from mlxlaunch.server.context_management import manage_context
 from mlxlaunch.server.errors import ApiError, engine_error, error_response
 from mlxlaunch.server.guards import HttpLimits, RequestGuard
 from mlxlaunch.server.mapping import shows_thinking, to_generation_request
@@ -170,11 +171,12 @@ class MessagesApi:
     ) -> Response:
         message_id = new_message_id()
         try:
+            context = await manage_context(body, self.engine, accepts_images=self._accepts_images())
             # Off the event loop: a body of many messages takes seconds to map.
             gen = await asyncio.to_thread(
                 partial(
                     to_generation_request,
-                    body,
+                    context.body,
                     request_id=message_id,
                     accepts_images=self._accepts_images(),
                 )
@@ -190,6 +192,7 @@ class MessagesApi:
             model=body.model,
             show_thinking=shows_thinking(body),
             timings=request.headers.get(TIMINGS_HEADER) == "1",
+            context_management=context.applied,
         )
         record = RequestLog(message_id, body.model, time.monotonic())
         check = self.safety.for_request(body)
@@ -222,13 +225,20 @@ class MessagesApi:
     async def count_tokens(self, request: Request) -> Response:
         body = await parse_body(request, CountTokensRequest)
         try:
+            images = self._accepts_images()
+            context = await manage_context(
+                body, self.engine, accepts_images=images, count_original=True
+            )
             gen = await asyncio.to_thread(
-                partial(to_generation_request, body, accepts_images=self._accepts_images())
+                partial(to_generation_request, context.body, accepts_images=images)
             )
             count = await self.engine.count_tokens(gen)
         except Exception as exc:
             raise engine_error(exc) from exc
-        return JSONResponse(CountTokensResponse(input_tokens=count).model_dump())
+        answer = CountTokensResponse(
+            input_tokens=count, context_management=context.count_tokens_answer(count)
+        )
+        return JSONResponse(answer.model_dump())
 
     async def models(self, request: Request) -> Response:
         entry = self._model_entry(self._loaded_model_id())

@@ -30,6 +30,7 @@ from mlxlaunch.engine.types import (
 )
 from mlxlaunch.engine.types import StopReason as EngineStopReason
 from mlxlaunch.engine.types import Usage as EngineUsage
+from mlxlaunch.protocol.context_management import ContextManagementResponse
 from mlxlaunch.protocol.events import (
     ContentBlockDeltaEvent,
     ContentBlockStartEvent,
@@ -135,12 +136,20 @@ class ContentBlockStream:
         model: the model id the client asked for (echoed back).
         show_thinking: False for `thinking.display: omitted` — blocks and signatures only.
         timings: add `mlx_timings` to the final usage (the client sent TIMINGS_HEADER).
+        context_management: what the request's context edits cleared, for `message_delta`.
     """
 
     def __init__(
-        self, *, message_id: str, model: str, show_thinking: bool = True, timings: bool = False
+        self,
+        *,
+        message_id: str,
+        model: str,
+        show_thinking: bool = True,
+        timings: bool = False,
+        context_management: ContextManagementResponse | None = None,
     ) -> None:
         self.message = Message(id=message_id, model=model)
+        self._context_management = context_management
         self._show_thinking = show_thinking
         self._timings = timings
         self._started = False
@@ -196,11 +205,16 @@ class ContentBlockStream:
                 stop_sequence=event.stop_sequence,
             )
             final = anthropic_usage(event.usage)
+            edits = self._context_management
             if self._timings:
                 timed = timed_usage(final, event.timings)
-                self._emit(out, TimedMessageDeltaEvent(delta=delta, usage=timed))
+                self._emit(
+                    out, TimedMessageDeltaEvent(delta=delta, usage=timed, context_management=edits)
+                )
             else:
-                self._emit(out, MessageDeltaEvent(delta=delta, usage=final))
+                self._emit(
+                    out, MessageDeltaEvent(delta=delta, usage=final, context_management=edits)
+                )
             self._emit(out, MessageStopEvent())
         return out
 
@@ -300,6 +314,8 @@ def apply_event(message: Message, event: BlockEvent) -> None:
         message.stop_reason = event.delta.stop_reason
         message.stop_sequence = event.delta.stop_sequence
         message.usage = event.usage.model_copy()
+        if event.context_management is not None:
+            message.context_management = event.context_management
 
 
 def tool_input(arguments: str, name: str) -> dict[str, Any]:

@@ -145,6 +145,9 @@ STEP_SAMPLES = 9
 # (two tokens): a workload can start copying after a stretch that did not, and only drafting
 # tells. On a machine where drafting never pays this costs ~2% of steps.
 PROBE_EVERY = 64
+# Steps a width not measured yet is held once chosen: a step's time is only known after two
+# passes of one width in a row (passes overlap), so a width tried once would stay unmeasured.
+PROBE_STEPS = 3
 # What a pass of w tokens is assumed to cost, in plain decode steps, before it is measured:
 # optimistic, so that widths get tried and measured at all.
 PRIOR_COST_PER_TOKEN = 0.05
@@ -159,6 +162,7 @@ class DraftWidth:
     # Every sequence's verified drafts together: where a new sequence starts from.
     recent: Acceptance = field(default_factory=lambda: Acceptance(decay=0.95))
     _undrafted: int = 0  # plain steps in a row despite proposals
+    _held: tuple[int, int] | None = None  # (drafts, steps left) of a width being measured
 
     def cost(self, width: int) -> float:
         """A pass of `width` tokens per sequence, in plain (width 1) steps: measured, else
@@ -199,6 +203,10 @@ class DraftWidth:
         top = min(self.max_draft, max(available, default=0))
         if top <= 0:
             return 0
+        if self._held is not None:
+            held, left = self._held
+            self._held = (held, left - 1) if left > 1 else None
+            return min(held, top)
         best, best_gain = 0, float(len(available))  # a plain step: one token each
         for k in range(1, top + 1):
             tokens = sum(
@@ -214,6 +222,8 @@ class DraftWidth:
                 best = min(top, 2)
         if best > 0:
             self._undrafted = 0
+            if self._median(best + 1) is None:
+                self._held = (best, PROBE_STEPS - 1)
         return best
 
     def start(self) -> Acceptance:

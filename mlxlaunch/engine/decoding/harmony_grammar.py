@@ -25,11 +25,11 @@ may not contain `<|`: spelled in bytes, a marker would still read as markup down
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from mlxlaunch.engine.decoding.call_grammars import constrained_tools
 from mlxlaunch.engine.decoding.grammar import (
     GrammarConstraint,
     json_rule,
@@ -38,8 +38,6 @@ from mlxlaunch.engine.decoding.grammar import (
     text_without,
 )
 from mlxlaunch.engine.types import InvalidRequest, ToolChoice, ToolSpec
-
-ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
 
 class NamedSchema(Protocol):
@@ -54,8 +52,8 @@ class NamedSchema(Protocol):
 
 def harmony_call(tokenizer: TokenizerWrapper, tools: Sequence[NamedSchema]) -> str:
     """Lark rules whose `call` rule is one harmony call message of any of `tools`, from its
-    header (after the prompt's `<|start|>assistant`) to `<|call|>` — the shape of the builders
-    in `tool_grammar.CALL_GRAMMARS`."""
+    header (after the prompt's `<|start|>assistant`) to `<|call|>` — the shape of the call rules
+    `call_grammars` builds."""
     sym = _Symbols(tokenizer)
     rules = ["call: " + " | ".join(f"call_{i}" for i in range(len(tools)))]
     for i, tool in enumerate(tools):
@@ -79,36 +77,17 @@ def harmony_tool_constraint(
     think_end: str | None = None,
     analysis: bool = True,
 ) -> GrammarConstraint | None:
-    """The constraint a request's tools and tool choice call for on gpt-oss, or None.
-
-    Args:
-        tokenizer: the loaded model's tokenizer.
-        tools: the tools offered in the request.
-        choice: the request's tool choice.
-        think_end: unused (harmony prompts open no think span; the analysis message is the
-            thinking); accepted so callers can treat every family alike.
-        analysis: allow an analysis message before the constrained part (gpt-oss reasons
-            first by training; without it the output starts at the call or answer).
-
-    Raises:
-        InvalidRequest: the choice names a tool that is not offered, or calls for a tool
-            without tools; or a schema cannot compile.
-    """
+    """The constraint a request's tools and tool choice call for on gpt-oss, or None: the
+    arguments and errors of `tool_grammar.tool_call_constraint`, except that `think_end` is
+    unused (harmony prompts open no think span; the analysis message is the thinking) and
+    `analysis` allows an analysis message before the constrained part (gpt-oss reasons first
+    by training; without it the output starts at the call or answer)."""
     del think_end
-    forced = choice.mode in ("any", "tool")
-    if choice.mode == "none" or not (forced or any(t.strict for t in tools)):
+    # Each schema stays whole here (one %json per call), so its `$ref`s need no inlining.
+    call_tools = constrained_tools(tools, choice, inline=False)
+    if call_tools is None:
         return None
-    if not tools:
-        raise InvalidRequest(f"tool_choice {choice.mode!r} needs at least one tool")
-    offered = list(tools)
-    if choice.mode == "tool":
-        offered = [t for t in tools if t.name == choice.name]
-        if not offered:
-            raise InvalidRequest(f"tool_choice names tool {choice.name!r}, which is not offered")
-    call_tools = [
-        _Tool(t.name, argument_schema(t.parameters) if forced or t.strict else ANY_OBJECT)
-        for t in offered
-    ]
+    forced = choice.mode in ("any", "tool")
     sym = _Symbols(tokenizer)
     lines = [harmony_call(tokenizer, call_tools), _free_text(sym)]
     lead = "analysis? " if analysis else ""
@@ -144,22 +123,6 @@ def harmony_schema_constraint(
         return GrammarConstraint.from_lark(tokenizer, lark)
     except ValueError as exc:
         raise InvalidRequest(f"invalid JSON schema: {exc}") from exc
-
-
-def argument_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """A tool's input schema as a grammar takes it: an object, whatever the client sent
-    (the same rule as `tool_grammar`'s)."""
-    if not isinstance(schema, dict) or not schema:
-        return ANY_OBJECT
-    cleaned = {k: v for k, v in schema.items() if k != "$schema"}
-    cleaned.setdefault("type", "object")
-    return cleaned
-
-
-@dataclass(frozen=True)
-class _Tool:
-    name: str
-    schema: dict[str, Any]
 
 
 def _free_text(sym: _Symbols) -> str:

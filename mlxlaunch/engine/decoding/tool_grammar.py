@@ -9,160 +9,77 @@
   must match their schema, other tools take any JSON object;
 - "none", or "auto" without strict tools: no constraint (None).
 
-The markup is the model family's own (what that family's reader downstream reads), so the
-output parser sees an ordinary tool call. Families are pluggable: `CALL_GRAMMARS` maps a dialect
-name to its `CallSyntax` (a builder of one call from `call_grammars`, the marker that opens
-calls, what separates parallel calls, the section some families put all calls in); a family
-whose whole output is shaped differently (harmony's channel messages) registers a complete
-builder in `WHOLE_OUTPUT`.
+The markup is the model family's own, generated from its record in `store/dialects.py` (the
+record its streaming reader is generated from, so the output parser reads back what the
+grammar lets the model write): the record's `markup` gives one call (`call_grammars`), and its
+span markers, section and separator lay the calls out. Harmony's channel messages have
+grammars of their own (`harmony_grammar`, chosen by the decoding plan).
 Schemas are cut into pieces by the grammars, so their local `$ref`s are inlined first
-(`schema_refs.inline_refs`).
+(`call_grammars.argument_schema`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
 
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from mlxlaunch.engine.decoding.call_grammars import (
-    ANY_OBJECT,
-    DSML,
-    CallGrammar,
     CallTool,
-    deepseek_v31_call,
-    deepseek_v32_call,
-    gemma4_call,
-    glm47_call,
-    json_tools_call,
-    kimi_k2_call,
-    llama3_json_call,
-    longcat_call,
-    minicpm5_call,
-    minimax_m2_call,
-    mistral_call,
-    mistral_call_with_ids,
-    muse_spark_call,
+    constrained_tools,
+    envelope_call,
+    params_call,
     pythonic_call,
-    qwen3_coder_call,
-    text_without,
 )
+from mlxlaunch.engine.decoding.gemma_notation import gemma4_call
 from mlxlaunch.engine.decoding.grammar import (
     GrammarConstraint,
     lark_literal,
     markup_symbol,
+    text_without,
     thinking_rules,
 )
-from mlxlaunch.engine.decoding.schema_refs import inline_refs
 from mlxlaunch.engine.types import InvalidRequest, ToolChoice, ToolSpec
-from mlxlaunch.store.dialects import Dialect
+from mlxlaunch.store.dialects import (
+    DIALECTS,
+    Dialect,
+    JsonEnvelope,
+    Notation,
+    ParamElements,
+    with_template_ids,
+)
 
-
-@dataclass(frozen=True)
-class Section:
-    """What surrounds all of a turn's calls after the opener: `after_open`, the calls,
-    `before_close`, then the `close` marker (a single-token marker becomes its token)."""
-
-    close: str
-    after_open: str = ""
-    before_close: str = ""
-
-
-@dataclass(frozen=True)
-class CallSyntax:
-    """How one family writes tool calls.
-
-    Attributes:
-        call: builder of the `call` rule. Without a `section`, every call opens with `opener`
-            and `call` is the rest of it (its end marker included); with one, `opener` opens
-            the section once and `call` is one whole call inside it.
-        opener: the marker that starts the tool-call part of the output; free text before the
-            calls may not contain it (None: the call is the whole output).
-        separator: lark between two parallel calls.
-        section: the markers around all the calls, for families that write one section.
-        single: the format holds one call per output.
-    """
-
-    call: CallGrammar
-    opener: str | None
-    separator: str = ""
-    section: Section | None = None
-    single: bool = False
-
-
-# How each dialect writes calls (the builders and their formats are in `call_grammars`).
-CALL_GRAMMARS: dict[str, CallSyntax] = {
-    "json_tools": CallSyntax(json_tools_call, "<tool_call>", separator='"\\n"'),
-    "qwen3_coder": CallSyntax(qwen3_coder_call, "<tool_call>", separator='"\\n"'),
-    "glm47": CallSyntax(glm47_call, "<tool_call>", separator='"\\n"?'),
-    "longcat": CallSyntax(longcat_call, "<longcat_tool_call>", separator='"\\n"?'),
-    "minicpm5": CallSyntax(minicpm5_call, '<function name="', separator='"\\n"?'),
-    "mistral": CallSyntax(mistral_call, "[TOOL_CALLS]"),
-    "gemma4": CallSyntax(gemma4_call, "<|tool_call>"),
-    "llama3_json": CallSyntax(llama3_json_call, None, single=True),
-    "kimi_k2": CallSyntax(
-        kimi_k2_call,
-        "<|tool_calls_section_begin|>",
-        section=Section("<|tool_calls_section_end|>"),
-    ),
-    "deepseek_v31": CallSyntax(
-        deepseek_v31_call,
-        "<｜tool▁calls▁begin｜>",
-        section=Section("<｜tool▁calls▁end｜>"),
-    ),
-    "minimax_m2": CallSyntax(
-        minimax_m2_call,
-        "<minimax:tool_call>",
-        section=Section("</minimax:tool_call>", after_open="\n"),
-    ),
-    "deepseek_v32": CallSyntax(
-        deepseek_v32_call,
-        f"<{DSML}function_calls>",
-        section=Section(f"</{DSML}function_calls>", after_open="\n"),
-    ),
-    "muse_spark": CallSyntax(
-        muse_spark_call,
-        "<atem:function_calls>",
-        section=Section("</atem:function_calls>"),
-    ),
-    "pythonic": CallSyntax(
-        pythonic_call,
-        "<|tool_call_start|>",
-        separator='", "',
-        section=Section("<|tool_call_end|>", after_open="[", before_close="]"),
-    ),
-}
-
-
-# A constraint builder for a family whose output is not "text, then markup" (harmony: channel
-# messages). Same arguments as `tool_call_constraint` past `family`; the lead registers
-# `WHOLE_OUTPUT["harmony"] = harmony_grammar.harmony_tool_constraint`.
-WholeOutputConstraint = Callable[..., GrammarConstraint | None]
-WHOLE_OUTPUT: dict[str, WholeOutputConstraint] = {}
-
-# Mistral templates that check `[CALL_ID]` (Mistral Small 3.2) want the id written in the call.
-_MISTRAL_WITH_IDS = CallSyntax(mistral_call_with_ids, "[TOOL_CALLS]")
+# The notations of their own (`store.dialects.Notation.kind`) -> their call builders.
+NOTATIONS = {"gemma4": gemma4_call, "pythonic": pythonic_call}
 
 
 def supported_families() -> list[str]:
     """Dialect names that tool-call constraints are available for."""
-    return sorted({*CALL_GRAMMARS, *WHOLE_OUTPUT})
+    return sorted(name for name, dialect in DIALECTS.items() if dialect.markup is not None)
 
 
-def call_syntax(
+def grammar_dialect(
     family: str, *, dialect: Dialect | None = None, tokenizer: TokenizerWrapper | None = None
-) -> CallSyntax | None:
-    """How `family` writes calls (None: no grammar for it). Mistral's variant with call ids is
-    chosen from the dialect (`id_style` "alnum9") or, without one, the chat template's text."""
-    syntax = CALL_GRAMMARS.get(family)
-    if family == "mistral" and syntax is not None:
-        template = getattr(tokenizer, "chat_template", None)
-        ids = dialect is not None and dialect.id_style == "alnum9"
-        if ids or (isinstance(template, str) and "[CALL_ID]" in template):
-            return _MISTRAL_WITH_IDS
-    return syntax
+) -> Dialect | None:
+    """The record a grammar for `family` is built from: `dialect` when it is that family's,
+    else the table's (None: no markup to write). A family that writes ids only where its
+    template checks them (Mistral's `[CALL_ID]`) writes them when the template shows the
+    marker."""
+    found = dialect if dialect is not None and dialect.name == family else DIALECTS.get(family)
+    if found is None or found.markup is None:
+        return None
+    return with_template_ids(found, getattr(tokenizer, "chat_template", None))
+
+
+def call_rules(tokenizer: TokenizerWrapper, dialect: Dialect, tools: Sequence[CallTool]) -> str:
+    """Lark rules defining `call`: one call in `dialect`'s markup (which must have some)."""
+    markup = dialect.markup
+    if isinstance(markup, ParamElements):
+        return params_call(tokenizer, tools, markup)
+    if isinstance(markup, JsonEnvelope):
+        return envelope_call(tokenizer, tools, markup, dialect.id_style)
+    assert isinstance(markup, Notation), dialect.name
+    return NOTATIONS[markup.kind](tokenizer, tools)
 
 
 def tool_call_constraint(
@@ -194,76 +111,58 @@ def tool_call_constraint(
             tools, or the model's family has no tool-call grammar; or a schema cannot compile.
     """
     family = family or (dialect.name if dialect is not None else "")
-    forced = choice.mode in ("any", "tool")
-    if choice.mode == "none" or not (forced or any(t.strict for t in tools)):
+    call_tools = constrained_tools(tools, choice)
+    if call_tools is None:
         return None
-    if not tools:
-        raise InvalidRequest(f"tool_choice {choice.mode!r} needs at least one tool")
-    whole = WHOLE_OUTPUT.get(family)
-    if whole is not None:
-        return whole(tokenizer, tools, choice, think_end=think_end)
-    syntax = call_syntax(family, dialect=dialect, tokenizer=tokenizer)
-    if syntax is None:
+    record = grammar_dialect(family, dialect=dialect, tokenizer=tokenizer)
+    if record is None:
         raise InvalidRequest(
             f"cannot force tool calls for this model's tool-call format ({family!r}); "
             f"supported: {', '.join(supported_families())}"
         )
-    offered = list(tools)
-    if choice.mode == "tool":
-        offered = [t for t in tools if t.name == choice.name]
-        if not offered:
-            raise InvalidRequest(f"tool_choice names tool {choice.name!r}, which is not offered")
-    call_tools = [
-        CallTool(t.name, argument_schema(t.parameters), t.parameters)
-        if forced or t.strict
-        else CallTool(t.name, ANY_OBJECT, t.parameters)
-        for t in offered
-    ]
-    lines = [syntax.call(tokenizer, call_tools)]
+    forced = choice.mode in ("any", "tool")
+    lines = [call_rules(tokenizer, record, call_tools)]
     prefix = ""
     if think_end is not None:
         definitions, prefix = thinking_rules(tokenizer, think_end, think=think)
         lines.append(definitions)
-    lines.extend(_calls_rules(tokenizer, syntax, parallel=choice.parallel, forced=forced))
+    lines.extend(_calls_rules(tokenizer, record, parallel=choice.parallel, forced=forced))
     lines.append(f"start: {prefix}answer")
     return GrammarConstraint.from_lark(tokenizer, "\n".join(lines) + "\n")
 
 
 def _calls_rules(
-    tokenizer: TokenizerWrapper, syntax: CallSyntax, *, parallel: bool, forced: bool
+    tokenizer: TokenizerWrapper, dialect: Dialect, *, parallel: bool, forced: bool
 ) -> list[str]:
-    """Rules for `answer`: the calls (forced), or free text then optional calls."""
-    many = parallel and not syntax.single
-    if syntax.opener is None:  # the call is the whole output (Llama 3's bare JSON)
+    """Rules for `answer`: the calls (forced), or free text then optional calls. Each call has
+    a span of its own (`start call end`, separated), or all share one section (`start` once,
+    the calls separated, `end`); a family whose call is the whole output (`leading_call`)
+    writes one, bare."""
+    if dialect.leading_call is not None or not dialect.tool_call_start:
         if forced:
             return ["answer: call"]
         # Free text that does not start like a call: the reader takes a leading "{" for one.
         return ["PROSE: /(?s:.*)/ & ~/\\s*\\{(?s:.*)/", "answer: call | PROSE"]
-    opener = markup_symbol(tokenizer, syntax.opener)
-    section = syntax.section
-    if section is None:
-        rest = f"call ({syntax.separator} {opener} call)*" if many else "call"
+    start = dialect.tool_call_start
+    opener = markup_symbol(tokenizer, start)
+    end = markup_symbol(tokenizer, dialect.tool_call_end) if dialect.tool_call_end else ""
+    separator = dialect.separator
+    between = f"{lark_literal(separator)}{'?' if dialect.separator_optional else ''}"
+    between = between if separator else ""
+    if dialect.section:
+        calls = f"call ({between} call)*" if parallel else "call"
+        inside = [lark_literal(t) for t in (dialect.section_open,) if t]
+        closing = [lark_literal(t) for t in (dialect.section_close,) if t]
+        rules = [f"after_opener: {' '.join([*inside, calls, *closing, end])}"]
     else:
-        calls = f"call ({syntax.separator} call)*" if many else "call"
-        before = lark_literal(section.after_open) if section.after_open else ""
-        after = lark_literal(section.before_close) if section.before_close else ""
-        rest = f"{before} {calls} {after} {markup_symbol(tokenizer, section.close)}"
-    rules = [f"after_opener: {rest}"]
+        rules = [f"one_call: call {end}".rstrip()]
+        rest = f"one_call ({between} {opener} one_call)*" if parallel else "one_call"
+        rules.append(f"after_opener: {rest}")
     if forced:
         return [*rules, f"answer: {opener} after_opener"]
-    rules.append(f"TEXT: {text_without(syntax.opener)}")
+    rules.append(f"TEXT: {text_without(start)}")
     if opener.startswith("<["):  # a token ends the text lexeme
         return [*rules, f"answer: TEXT ({opener} after_opener)?"]
     # A spelled opener: text and opener must be one lazy lexeme (see call_grammars).
     rules.append(f"text_then_opener[lazy]: TEXT {opener}")
     return [*rules, "answer: TEXT | text_then_opener after_opener"]
-
-
-def argument_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """A tool's input schema as a grammar takes it: an object, whatever the client sent, with
-    its local `$ref`s inlined."""
-    if not isinstance(schema, dict) or not schema:
-        return ANY_OBJECT
-    cleaned = {k: v for k, v in schema.items() if k != "$schema"}
-    cleaned.setdefault("type", "object")
-    return inline_refs(cleaned)

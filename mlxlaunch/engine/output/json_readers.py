@@ -1,13 +1,14 @@
 """Streaming span readers for the families whose tool-call arguments are a JSON object.
 
-`json_span_reader(dialect_name)` gives a `SpanReader` factory for json_tools (Qwen, Hermes),
-llama3_json, kimi_k2, mistral and deepseek_v31 (None for other dialects): each call is
+`json_reader(dialect)` gives a `SpanReader` factory for a dialect whose calls are a
+`JsonEnvelope` (`store/dialects.py`: json_tools, llama3_json, kimi_k2, mistral, deepseek_v31),
+generated from that record, the one the constraint grammar is built from: each call is
 announced (`CallBegin`) as soon as its header is read and its arguments follow piece by piece.
 
 Every family writes a span as a sequence of `header {arguments} trailer`: the header names the
 call (and, for Kimi and Mistral, gives its id), the arguments are one JSON object, the trailer
 closes the call (`}` of the outer object, `<|tool_call_end|>`, nothing). One reader serves them
-all, told by a `_Family` how its headers look:
+all, told by a `_Family` (regexes made from the record's markers) how its headers look:
 
     buffer ──header matched (ends at the arguments' `{`)──▶ CallBegin, then JsonObjectStream
     JsonObjectStream ──object closed──▶ CallEnd; what follows is buffered as the next header
@@ -28,7 +29,6 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from mlxlaunch.engine.output.json_stream import JsonObjectStream
 from mlxlaunch.engine.output.spans import (
@@ -39,8 +39,9 @@ from mlxlaunch.engine.output.spans import (
     ParsedCall,
     SpanParser,
     SpanReaderFactory,
-    arguments_text,
 )
+from mlxlaunch.engine.output.tools import parsed_call
+from mlxlaunch.store.dialects import DIALECTS, Dialect, JsonEnvelope
 
 # A header longer than this is not one (real ones are a name, an id and markup): stop
 # matching and keep the rest of the span for `close`.
@@ -179,11 +180,18 @@ class JsonCallReader:
         self._call_text = []
 
 
-def json_span_reader(dialect_name: str) -> SpanReaderFactory | None:
-    """A streaming reader factory for the dialect `dialect_name`, or None when its arguments
-    are not JSON this module reads (params families, harmony's channels, …)."""
-    family = _FAMILIES.get(dialect_name)
+def json_reader(dialect: Dialect) -> SpanReaderFactory | None:
+    """A streaming reader factory for `dialect`'s spans, generated from its `JsonEnvelope`
+    record; None when its arguments are not JSON in an envelope (params families, harmony's
+    channels, …)."""
+    family = _family_of(dialect)
     return None if family is None else functools.partial(JsonCallReader, family)
+
+
+def json_span_reader(dialect_name: str) -> SpanReaderFactory | None:
+    """`json_reader` for the dialect `dialect_name` (None: unknown, or not a JSON envelope)."""
+    dialect = DIALECTS.get(dialect_name)
+    return None if dialect is None else json_reader(dialect)
 
 
 # --- whole-span fallbacks ----------------------------------------------------------------------
@@ -205,30 +213,10 @@ def json_value_calls(text: str) -> list[ParsedCall] | None:
         except (ValueError, RecursionError):  # not JSON, an integer past int(), too deep
             return None
         for item in value if isinstance(value, list) else [value]:
-            call = _json_call(item)
+            call = parsed_call(item)
             if call is None:
                 return None
             calls.append(call)
-
-
-def _json_call(item: Any) -> ParsedCall | None:
-    """One call from `{"name", "arguments" | "parameters", "id"?}` (or OpenAI's
-    `{"function": {...}}`)."""
-    if not isinstance(item, dict):
-        return None
-    if isinstance(item.get("function"), dict) and "name" not in item:
-        item = {"id": item.get("id"), **item["function"]}
-    name = item.get("name")
-    if not isinstance(name, str) or not name.strip():
-        return None
-    arguments = item["arguments"] if "arguments" in item else item.get("parameters")
-    text = arguments_text({} if arguments is None else arguments)
-    if text is None:
-        return None
-    model_id = item.get("id")
-    return ParsedCall(
-        name.strip(), text, model_id if isinstance(model_id, str) and model_id else None
-    )
 
 
 def _no_calls(text: str) -> list[ParsedCall] | None:
@@ -265,7 +253,14 @@ _JSON_OBJECTS = _family(
 )
 
 
-def _kimi_name(match: re.Match[str]) -> tuple[str, str | None] | None:
+def _tagged_name(match: re.Match[str]) -> tuple[str, str | None] | None:
+    groups = match.groupdict()
+    name = (groups.get("name") or groups.get("fenced") or "").strip()
+    return (name, groups.get("id") or None) if name else None
+
+
+def _indexed_name(match: re.Match[str]) -> tuple[str, str | None] | None:
+    """Kimi's `functions.NAME:INDEX`: the whole text is the call's id."""
     written = match["id"].strip()
     parts = re.fullmatch(r"(?:functions\.)?(?P<name>.+?)(?P<index>:\d+)?", written)
     if parts is None or not parts["name"].strip():
@@ -274,56 +269,42 @@ def _kimi_name(match: re.Match[str]) -> tuple[str, str | None] | None:
     return parts["name"].strip(), written if parts["index"] else None
 
 
-# <|tool_call_begin|>functions.Bash:0<|tool_call_argument_begin|>{…}<|tool_call_end|>
-_KIMI = _family(
-    header=r"<\|tool_call_begin\|>(?P<id>[^<]*?)<\|tool_call_argument_begin\|>\s*",
-    after_call=r"\s*<\|tool_call_end\|>",
-    separator=r"\s*",
-    describe=_kimi_name,
-    parse=_no_calls,
-)
-
-
-def _mistral_name(match: re.Match[str]) -> tuple[str, str | None] | None:
-    return match["name"], (match["id"] or None)
-
-
-# Bash[ARGS]{…} or Bash[CALL_ID]a1b2c3d4e[ARGS]{…}; later calls again after [TOOL_CALLS].
-# The older `[{"name": …, "arguments": …, "id": …}]` matches no header and is read at close.
-_MISTRAL = _family(
-    header=(
-        r'(?P<name>[^\s\[\]{}<>"]+)\s*'
-        r"(?:\[CALL_ID\]\s*(?P<id>[^\s\[\]{}]*)\s*)?\[ARGS\]\s*"
-    ),
-    after_call="",
-    separator=r"\s*(?:\[TOOL_CALLS\]\s*)?",
-    describe=_mistral_name,
-    parse=json_value_calls,
-)
-
-
-def _deepseek_name(match: re.Match[str]) -> tuple[str, str | None] | None:
-    name = (match["name"] or match["fenced"] or "").strip()
-    return (name, None) if name else None
-
-
-# V3.1: <｜tool▁call▁begin｜>Bash<｜tool▁sep｜>{…}<｜tool▁call▁end｜>
-# V3/R1: <｜tool▁call▁begin｜>function<｜tool▁sep｜>Bash\n```json\n{…}\n```<｜tool▁call▁end｜>
-_DEEPSEEK_V31 = _family(
-    header=(
-        r"<｜tool▁call▁begin｜>\s*(?:(?P<name>[^<]+?)\s*<｜tool▁sep｜>\s*"
-        r"|function\s*<｜tool▁sep｜>\s*(?P<fenced>[^\s<`]+)\s*```(?:json)?\s*)"
-    ),
-    after_call=r"\s*(?:```)?\s*<｜tool▁call▁end｜>",
-    separator=r"\s*",
-    describe=_deepseek_name,
-    parse=_no_calls,
-)
-
-_FAMILIES: dict[str, _Family] = {
-    "json_tools": _JSON_OBJECTS,
-    "llama3_json": _JSON_OBJECTS,
-    "kimi_k2": _KIMI,
-    "mistral": _MISTRAL,
-    "deepseek_v31": _DEEPSEEK_V31,
-}
+@functools.cache
+def _family_of(dialect: Dialect) -> _Family | None:
+    """The reader's regexes for `dialect`'s `JsonEnvelope`: its markers, with whitespace
+    allowed between the parts. A name between two markers may hold anything but markup
+    (`[^<]`); a bare name before the arguments' marker (Mistral's) is one word."""
+    envelope = dialect.markup
+    if not isinstance(envelope, JsonEnvelope):
+        return None
+    if envelope.named_object is not None:
+        return _JSON_OBJECTS
+    esc = re.escape
+    if dialect.id_style == "functions_index":
+        name = r"(?P<id>[^<]*?)"
+    elif envelope.call_open:
+        name = r"(?P<name>[^<]+?)\s*"
+    else:
+        name = r'(?P<name>[^\s\[\]{}<>"]+)\s*'
+    if envelope.call_id:
+        name += rf"(?:{esc(envelope.call_id)}\s*(?P<id>[^\s\[\]{{}}]*)\s*)?"
+    header = rf"{name}{esc(envelope.arguments_open)}\s*"
+    if envelope.fenced:  # V3/R1: function<sep>NAME ```json {…}```
+        header = (
+            rf"(?:{header}|function\s*{esc(envelope.arguments_open)}\s*"
+            r"(?P<fenced>[^\s<`]+)\s*```(?:json)?\s*)"
+        )
+    if envelope.call_open:
+        header = rf"{esc(envelope.call_open)}\s*{header}"
+    fence = r"\s*(?:```)?" if envelope.fenced else ""
+    after_call = rf"{fence}\s*{esc(envelope.call_close)}" if envelope.call_close else ""
+    # Calls whose span runs to the output's end each open again with the span's marker.
+    reopen = not dialect.section and not dialect.tool_call_end and dialect.tool_call_start
+    separator = rf"\s*(?:{esc(dialect.tool_call_start or '')}\s*)?" if reopen else r"\s*"
+    return _family(
+        header=header,
+        after_call=after_call,
+        separator=separator,
+        describe=_indexed_name if dialect.id_style == "functions_index" else _tagged_name,
+        parse=json_value_calls if envelope.reads_json_values else _no_calls,
+    )

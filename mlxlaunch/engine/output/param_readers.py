@@ -3,13 +3,16 @@
 Qwen3-Coder, GLM-4.5/4.6/4.7, LongCat, MiniMax-M2 and DeepSeek-V3.2 ("DSML") write each
 argument as its own element, final when its closing tag arrives: the reader sends it then.
 
-One state machine (`ParamSpanReader`) reads them all; a `ParamGrammar` names each family's
-tags and how its values are read. The span's text is consumed marker by marker: each `feed`
-looks only at the new text plus a held-back tail shorter than the longest marker, so a 50 KB
-`content` arriving three characters at a time costs time linear in its length.
+One state machine (`ParamSpanReader`) reads them all, generated from the family's
+`ParamElements` record (`store/dialects.py`, the same record the constraint grammar is built
+from): `reader_markers` turns it into the markers the reader waits for, and its `values`
+typing (`param_values`) says how values are read. The span's text is consumed marker by
+marker: each `feed` looks only at the new text plus a held-back tail shorter than the longest
+marker, so a 50 KB `content` arriving three characters at a time costs time linear in its
+length.
 
-Values are converted by the tool's JSON schema the way mlx-lm's parser for the family does
-(`mlx_lm/tool_parsers/<family>.py`), except where a streamed value cannot be taken back:
+Values are converted by the tool's JSON schema the way mlx-lm's parser for the family does,
+except where a streamed value cannot be taken back:
 - a value mlx-lm refuses (an integer parameter written "1.5") stays the text written, rather
   than failing a call the client is already showing;
 - a parameter declared with a type none of these parsers knows stays text, and "null" becomes
@@ -22,10 +25,8 @@ Values are converted by the tool's JSON schema the way mlx-lm's parser for the f
 
 from __future__ import annotations
 
-import ast
 import functools
 import json
-import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from enum import Enum, auto
 from typing import Any
 
 from mlxlaunch.engine.output.json_stream import holds
+from mlxlaunch.engine.output.param_values import VALUE_READERS, ValueReader, json_or
 from mlxlaunch.engine.output.spans import (
     CallArgs,
     CallBegin,
@@ -42,6 +44,7 @@ from mlxlaunch.engine.output.spans import (
     arguments_text,
 )
 from mlxlaunch.engine.types import ToolSpec
+from mlxlaunch.store.dialects import DIALECTS, ParamElements
 
 # A call or parameter name longer than this, or one with spaces, is prose, not markup.
 _MAX_NAME = 256
@@ -50,14 +53,10 @@ _NAME = re.compile(r"[^\s<>\"'{}]+")
 _QUOTED = re.compile(r"""\s*(?:"([^"]*)"|'([^']*)'|([^\s"'>]+))(.*)""", re.DOTALL)
 _DSML_STRING = re.compile(r"""string\s*=\s*["']?(true|false)""")
 
-# A parameter's value from (its text, what the markup says of its type: DSML's string="true"
-# or "false", else None, its schema: None when the tool does not declare it).
-ValueReader = Callable[[str, str | None, Any], Any]
-
 
 @dataclass(frozen=True)
-class ParamGrammar:
-    """One family's tool-call markup, as the markers the reader waits for.
+class ReaderMarkers:
+    """A `ParamElements` record as the markers the reader waits for (see `reader_markers`).
 
     A call is `call_open NAME name_end` (or, when `call_open` is None, the span opens with
     the name), then parameters `param_open KEY key_end [value_open] VALUE value_close`, then
@@ -82,13 +81,53 @@ class ParamGrammar:
         return (self.param_open,) if self.call_close is None else (self.param_open, self.call_close)
 
 
+@functools.cache
+def reader_markers(elements: ParamElements) -> ReaderMarkers:
+    """What the reader of `elements` waits for: the record's markers, plus the looser ends
+    the family's parser takes (a name without `name_close` ends at the gap or the first
+    parameter; `lenient` names and keys also end at a newline)."""
+    lenient = ("\n",) if elements.lenient else ()
+    if elements.name_close:
+        name_ends: tuple[str, ...] = (elements.name_close, *lenient)
+    else:
+        name_ends = tuple(m for m in (elements.gap, elements.param_open) if m)
+    return ReaderMarkers(
+        call_open=elements.call_open,
+        name_ends=name_ends,
+        param_open=elements.param_open,
+        call_close=elements.call_close,
+        key_ends=(elements.key_close, *lenient),
+        value_open=elements.value_open or None,
+        value_close=elements.value_close,
+        trim=_trim(elements),
+        read_value=VALUE_READERS[elements.values],
+        json_body=elements.json_body,
+    )
+
+
+def _trim(elements: ParamElements) -> Callable[[str], str]:
+    """The value's text as the family's parser takes it: without its `pad` (one on each side:
+    Qwen3-Coder writes a value on its own lines), stripped, or as written."""
+    pad = elements.pad
+    if pad:
+        return lambda text: text.removeprefix(pad).removesuffix(pad)
+    return str.strip if elements.strip_values else str
+
+
+def param_reader(elements: ParamElements, tools: Sequence[ToolSpec]) -> SpanReaderFactory:
+    """A factory of streaming readers for calls written as `elements`, converting values by
+    the request's `tools`."""
+    return functools.partial(ParamSpanReader, reader_markers(elements), _properties_by_tool(tools))
+
+
 def param_span_reader(dialect_name: str, tools: Sequence[ToolSpec]) -> SpanReaderFactory | None:
-    """A factory of streaming readers for the dialect `dialect_name`, converting values by the
-    request's `tools`; None when the dialect does not write its arguments as parameters."""
-    grammar = PARAM_GRAMMARS.get(dialect_name)
-    if grammar is None:
+    """`param_reader` for the dialect `dialect_name`; None when our reader does not read it
+    (its arguments are not parameters, or mlx-lm's parser reads them)."""
+    dialect = DIALECTS.get(dialect_name)
+    markup = dialect.markup if dialect is not None else None
+    if not isinstance(markup, ParamElements) or not markup.streamed:
         return None
-    return functools.partial(ParamSpanReader, grammar, _properties_by_tool(tools))
+    return param_reader(markup, tools)
 
 
 # --- the reader ----------------------------------------------------------------------------
@@ -119,11 +158,11 @@ class _Call:
 class ParamSpanReader:
     """Reads one span of a parameter-style family (a `SpanReader`, see `spans.py`)."""
 
-    def __init__(self, grammar: ParamGrammar, properties: Mapping[str, Mapping[str, Any]]):
-        self._grammar = grammar
+    def __init__(self, markers: ReaderMarkers, properties: Mapping[str, Mapping[str, Any]]):
+        self._markers = markers
         self._properties = properties  # tool name -> parameter name -> schema
         self._scan = _MarkerScanner()
-        self._at = _At.NAME if grammar.call_open is None else _At.CALL_OPEN
+        self._at = _At.NAME if markers.call_open is None else _At.CALL_OPEN
         self._call: _Call | None = None
         self._committed = False
 
@@ -145,16 +184,16 @@ class ParamSpanReader:
         if not self._committed:
             whole: list[CallPiece] | None = None
             if complete and at is _At.JSON:
-                whole = _json_call(self._scan.text(), self._grammar, self._properties)
-            elif complete and at is _At.NAME and self._grammar.call_open is None:
+                whole = _json_call(self._scan.text(), self._markers, self._properties)
+            elif complete and at is _At.NAME and self._markers.call_open is None:
                 whole = self._name_only_call()
             self._committed = whole is not None
             return whole
         call, self._call = self._call, None
         if call is None:
             return []
-        if at is _At.BETWEEN and self._grammar.json_body and not call.args:
-            arguments = _json_arguments(self._scan.text(), self._grammar, call.properties)
+        if at is _At.BETWEEN and self._markers.json_body and not call.args:
+            arguments = _json_arguments(self._scan.text(), self._markers, call.properties)
             if arguments is not None:
                 return [CallArgs(arguments), CallEnd(arguments)]
         # Cut off, or a value left half written: the call is not what the model meant.
@@ -164,27 +203,27 @@ class ParamSpanReader:
 
     def _step(self, pieces: list[CallPiece]) -> bool:
         """Consume up to the next marker of the current state; False when it has not come."""
-        grammar, at = self._grammar, self._at
+        markers, at = self._markers, self._at
         if at is _At.VALUE:  # first: where long text arrives
-            found = self._scan.until((grammar.value_close,))
+            found = self._scan.until((markers.value_close,))
             if found is None:
                 return False
             pieces += self._param(found[1])
             self._at = _At.BETWEEN
             return True
         if at is _At.CALL_OPEN:
-            assert grammar.call_open is not None
-            return self._advance(self._scan.until((grammar.call_open,), keep=False), _At.NAME)
+            assert markers.call_open is not None
+            return self._advance(self._scan.until((markers.call_open,), keep=False), _At.NAME)
         if at is _At.NAME:
             return self._name(pieces)
         if at is _At.BETWEEN:
             assert self._call is not None
             # Text between a GLM name and its first parameter is kept: it may be JSON.
-            keep = grammar.json_body and not self._call.args
-            found = self._scan.until(grammar.between, keep=keep)
+            keep = markers.json_body and not self._call.args
+            found = self._scan.until(markers.between, keep=keep)
             if found is None:
                 return False
-            if found[0] == grammar.param_open:
+            if found[0] == markers.param_open:
                 self._at = _At.KEY
             else:
                 pieces += _end(self._call)
@@ -194,8 +233,8 @@ class ParamSpanReader:
         if at is _At.KEY:
             return self._key()
         if at is _At.VALUE_OPEN:
-            assert grammar.value_open is not None
-            return self._advance(self._scan.until((grammar.value_open,), keep=False), _At.VALUE)
+            assert markers.value_open is not None
+            return self._advance(self._scan.until((markers.value_open,), keep=False), _At.VALUE)
         if at is _At.JSON:
             self._scan.until((), keep=True)  # settle the text: a long body is not re-copied
         return False  # JSON and SKIP wait for close
@@ -207,11 +246,11 @@ class ParamSpanReader:
         return True
 
     def _name(self, pieces: list[CallPiece]) -> bool:
-        grammar = self._grammar
-        if grammar.json_body and not self._committed and self._scan.text().lstrip()[:1] == "{":
+        markers = self._markers
+        if markers.json_body and not self._committed and self._scan.text().lstrip()[:1] == "{":
             self._at = _At.JSON
             return False
-        found = self._scan.until(grammar.name_ends)
+        found = self._scan.until(markers.name_ends)
         if found is None:
             if self._scan.size() > _MAX_NAME:
                 self._skip()
@@ -226,12 +265,12 @@ class ParamSpanReader:
         self._call = _Call(self._properties.get(name, {}))
         self._committed = True
         pieces.append(CallBegin(name))
-        self._at = _At.KEY if marker == grammar.param_open else _At.BETWEEN
+        self._at = _At.KEY if marker == markers.param_open else _At.BETWEEN
         return True
 
     def _key(self) -> bool:
         assert self._call is not None
-        found = self._scan.until(self._grammar.key_ends)
+        found = self._scan.until(self._markers.key_ends)
         if found is None:
             if self._scan.size() > _MAX_NAME:
                 self._skip()  # no key ends in sight: the rest cannot be trusted
@@ -241,7 +280,7 @@ class ParamSpanReader:
             return True
         key = _key_of(text)
         self._call.key, self._call.hint = key if key is not None else (None, None)
-        self._at = _At.VALUE if self._grammar.value_open is None else _At.VALUE_OPEN
+        self._at = _At.VALUE if self._markers.value_open is None else _At.VALUE_OPEN
         return True
 
     def _param(self, raw: str) -> list[CallPiece]:
@@ -252,8 +291,8 @@ class ParamSpanReader:
         if key is None or key in call.seen:
             return []  # unreadable name, or a repeat: the first value was already sent
         call.seen.add(key)
-        text = self._grammar.trim(raw)
-        value = self._grammar.read_value(text, call.hint, call.properties.get(key))
+        text = self._markers.trim(raw)
+        value = self._markers.read_value(text, call.hint, call.properties.get(key))
         piece = ("{" if not call.args else ", ") + f"{_dumps(key)}: {_value_json(value, text)}"
         call.args.append(piece)
         return [CallArgs(piece)]
@@ -372,187 +411,6 @@ def _quoted(text: str) -> tuple[str, str] | None:
     return (name, match.group(4)) if ok else None
 
 
-# --- values --------------------------------------------------------------------------------
-
-
-def _strip_newlines(text: str) -> str:
-    """Qwen3-Coder writes a value on its own lines: one newline each side is markup."""
-    text = text.removeprefix("\n")
-    return text.removesuffix("\n")
-
-
-_QWEN_STRING = {"string", "str", "text", "varchar", "char", "enum"}
-_QWEN_BOOL = {"boolean", "bool", "binary"}
-_QWEN_INT = ("int", "uint", "long", "short", "unsigned")
-
-
-def _qwen3_value(text: str, hint: str | None, schema: Any) -> Any:
-    """Qwen3-Coder: by the schema's `type` name; no type: a JSON object or array, else text."""
-    kind = _first_type(schema.get("type")) if isinstance(schema, dict) else None
-    if text.lower() == "null" and kind not in _QWEN_STRING:
-        return None
-    if not isinstance(schema, dict) or not schema:
-        return text
-    if "type" not in schema:
-        return _json_container(text) or text
-    if kind is None or kind in _QWEN_STRING:
-        return text
-    if kind.startswith(_QWEN_INT):
-        return _number(text, integer=True)
-    if kind.startswith(("num", "float")):
-        return _number(text, integer=False)
-    if kind in _QWEN_BOOL:
-        return text.lower() == "true"
-    if kind in ("object", "array", "arr") or kind.startswith(("dict", "list")):
-        return _container(text)
-    return text
-
-
-_MINIMAX_ORDER = ("integer", "int", "number", "float", "boolean", "bool", "object", "array")
-_MINIMAX_STRING = {"string", "str", "text"}
-_MINIMAX_TRUE = {"true", "1", "yes", "on"}
-_MINIMAX_FALSE = {"false", "0", "no", "off"}
-
-
-def _minimax_value(text: str, hint: str | None, schema: Any) -> Any:
-    """MiniMax-M2: the first of the schema's types (integer, number, boolean, object/array,
-    string: in that order) the text reads as; undeclared parameters are text."""
-    types = {t.lower() for t in _schema_types(schema)} or {"string"}
-    is_string = bool(types & _MINIMAX_STRING)
-    if text.lower() == "null" and not is_string:
-        return None
-    if "null" in types and text.lower() in ("none", "nil"):
-        return None
-    for kind in _MINIMAX_ORDER:
-        if kind not in types:
-            continue
-        if kind in ("integer", "int"):
-            value = _number(text, integer=True)
-        elif kind in ("number", "float"):
-            value = _number(text, integer=False)
-        elif kind in ("boolean", "bool"):
-            word = text.lower().strip()
-            value = True if word in _MINIMAX_TRUE else False if word in _MINIMAX_FALSE else text
-        else:
-            value = _container(text)
-        if value is not text:
-            return value
-    if is_string or not types & set(_MINIMAX_ORDER):
-        return text
-    return _json(text, text)
-
-
-_KNOWN_TYPES = {"string", "integer", "number", "boolean", "object", "array", "null"}
-
-
-def _glm_value(text: str, hint: str | None, schema: Any) -> Any:
-    """GLM and LongCat: string parameters are text; any other is read as JSON or a Python
-    literal when it is one."""
-    types = _schema_types(schema) if isinstance(schema, dict) and "type" in schema else []
-    if "string" in types or (types and not set(types) & _KNOWN_TYPES):
-        return text
-    return _literal(text)
-
-
-def _dsml_value(text: str, hint: str | None, schema: Any) -> Any:
-    """DeepSeek-V3.2: string="true" is text, string="false" a JSON value."""
-    if hint == "true":
-        return text
-    if hint is None:
-        types = set(_schema_types(schema))
-        if "string" in types or not types & _KNOWN_TYPES:
-            return text  # undeclared, a string, or a type we do not know
-    return _json(text, text)
-
-
-def _first_type(declared: Any) -> str | None:
-    """The type a Qwen3-Coder parameter is read as: its `type`, or the first non-null one."""
-    if isinstance(declared, list):
-        declared = next((t for t in declared if t != "null"), None)
-    return str(declared).strip().lower() if declared is not None else None
-
-
-def _schema_types(schema: Any) -> list[str]:
-    """Every type a parameter's schema allows: its `type` (a name or a list), the types of its
-    `enum` values, and those of anyOf/oneOf/allOf branches; [] when it names none."""
-    if not isinstance(schema, dict):
-        return []
-    types: list[str] = []
-    declared = schema.get("type")
-    for kind in declared if isinstance(declared, list) else [declared]:
-        if isinstance(kind, str):
-            types.append(kind)
-    enum = schema.get("enum")
-    if isinstance(enum, list):
-        types += [_JSON_TYPES.get(type(value), "string") for value in enum]
-    for branch in ("anyOf", "oneOf", "allOf"):
-        choices = schema.get(branch)
-        if isinstance(choices, list):
-            for choice in choices:
-                types += _schema_types(choice)
-    return types
-
-
-_JSON_TYPES: dict[type, str] = {
-    type(None): "null",
-    bool: "boolean",
-    int: "integer",
-    float: "number",
-    list: "array",
-    dict: "object",
-}
-
-
-def _number(text: str, *, integer: bool) -> Any:
-    """An integer (or, unless `integer`, a float) when the text is one, else the text itself."""
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        number = float(text)
-    except ValueError:
-        return text
-    if not math.isfinite(number):
-        return text
-    if number.is_integer():
-        return int(number)
-    return text if integer else number
-
-
-def _json(text: str, otherwise: Any) -> Any:
-    try:
-        return json.loads(text, strict=False)
-    except (ValueError, RecursionError):  # not JSON, an integer past int(), too deep
-        return otherwise
-
-
-def _json_container(text: str) -> dict[str, Any] | list[Any] | None:
-    value = _json(text, None)
-    return value if isinstance(value, dict | list) else None
-
-
-def _container(text: str) -> Any:
-    """An object or array written as JSON or as a Python literal, else the text itself."""
-    value = _json(text, text)
-    if value is text:
-        value = _python_literal(text)
-    return value
-
-
-def _literal(text: str) -> Any:
-    """A JSON value, else a Python literal, else the text (GLM's `_deserialize`)."""
-    value = _json(text, text)
-    return _python_literal(text) if value is text else value
-
-
-def _python_literal(text: str) -> Any:
-    try:
-        return ast.literal_eval(text)
-    except Exception:  # model output: any failure (syntax, depth, memory) means "not one"
-        return text
-
-
 def _dumps(value: Any) -> str:
     # allow_nan=False: NaN and Infinity are not JSON and would break the client's parser.
     return json.dumps(value, ensure_ascii=False, allow_nan=False)
@@ -573,10 +431,10 @@ def _value_json(value: Any, text: str) -> str:
 
 
 def _json_call(
-    text: str, grammar: ParamGrammar, properties: Mapping[str, Mapping[str, Any]]
+    text: str, markers: ReaderMarkers, properties: Mapping[str, Mapping[str, Any]]
 ) -> list[CallPiece] | None:
     """A whole body written as `{"name": …, "arguments": {…}}`."""
-    parsed = _json(text, None)
+    parsed = json_or(text, None)
     if isinstance(parsed, list) and parsed and isinstance(parsed[0], dict):
         parsed = parsed[0]
     if not isinstance(parsed, dict):
@@ -587,7 +445,7 @@ def _json_call(
     raw = parsed.get("arguments", parsed.get("parameters"))
     arguments = _json_arguments(
         "{}" if raw is None else raw if isinstance(raw, str) else _value_json(raw, ""),
-        grammar,
+        markers,
         properties.get(name.strip(), {}),
     )
     if arguments is None:
@@ -595,14 +453,14 @@ def _json_call(
     return [CallBegin(name.strip()), CallArgs(arguments), CallEnd(arguments)]
 
 
-def _json_arguments(text: str, grammar: ParamGrammar, properties: Mapping[str, Any]) -> str | None:
+def _json_arguments(text: str, markers: ReaderMarkers, properties: Mapping[str, Any]) -> str | None:
     """JSON text of an arguments object written as JSON, its string values read by schema."""
-    parsed = _json(text.strip(), None)
+    parsed = json_or(text.strip(), None)
     if not isinstance(parsed, dict):
         return None
     for key, value in parsed.items():
         if isinstance(value, str):
-            parsed[key] = grammar.read_value(value, None, properties.get(key))
+            parsed[key] = markers.read_value(value, None, properties.get(key))
     return arguments_text(parsed)
 
 
@@ -618,71 +476,3 @@ def _properties_by_tool(tools: Sequence[ToolSpec]) -> dict[str, Mapping[str, Any
         )
         found.setdefault(tool.name, properties if isinstance(properties, dict) else {})
     return found
-
-
-def _glm_like(prefix: str) -> ParamGrammar:
-    """GLM's markup (`name\\n<arg_key>k</arg_key>\\n<arg_value>v</arg_value>…`); LongCat
-    writes the same with `longcat_` tags."""
-    return ParamGrammar(
-        call_open=None,
-        name_ends=("\n", f"<{prefix}arg_key>"),
-        param_open=f"<{prefix}arg_key>",
-        call_close=None,
-        key_ends=(f"</{prefix}arg_key>",),
-        value_open=f"<{prefix}arg_value>",
-        value_close=f"</{prefix}arg_value>",
-        trim=str.strip,
-        read_value=_glm_value,
-        json_body=True,
-    )
-
-
-# `<function=Bash>\n<parameter=command>\nls\n</parameter>\n</function>`; a missing `>` after
-# a name is tolerated, as mlx-lm's parser does.
-QWEN3_CODER = ParamGrammar(
-    call_open="<function=",
-    name_ends=(">", "\n"),
-    param_open="<parameter=",
-    call_close="</function>",
-    key_ends=(">", "\n"),
-    value_open=None,
-    value_close="</parameter>",
-    trim=_strip_newlines,
-    read_value=_qwen3_value,
-)
-
-# `<invoke name="Bash">\n<parameter name="command">ls</parameter>\n</invoke>`, several a span.
-MINIMAX_M2 = ParamGrammar(
-    call_open="<invoke name=",
-    name_ends=(">",),
-    param_open="<parameter name=",
-    call_close="</invoke>",
-    key_ends=(">",),
-    value_open=None,
-    value_close="</parameter>",
-    trim=str.strip,
-    read_value=_minimax_value,
-)
-
-# `<｜DSML｜invoke name="f">\n<｜DSML｜parameter name="p" string="true">v</｜DSML｜parameter>\n
-# </｜DSML｜invoke>`, several a span (DeepSeek-V3.2's encoding; ｜ is U+FF5C).
-DEEPSEEK_V32 = ParamGrammar(
-    call_open="<｜DSML｜invoke name=",
-    name_ends=(">",),
-    param_open="<｜DSML｜parameter name=",
-    call_close="</｜DSML｜invoke>",
-    key_ends=(">",),
-    value_open=None,
-    value_close="</｜DSML｜parameter>",
-    trim=str,
-    read_value=_dsml_value,
-)
-
-# Dialect name (`store.dialects`) -> its grammar.
-PARAM_GRAMMARS: dict[str, ParamGrammar] = {
-    "qwen3_coder": QWEN3_CODER,
-    "glm47": _glm_like(""),
-    "longcat": _glm_like("longcat_"),
-    "minimax_m2": MINIMAX_M2,
-    "deepseek_v32": DEEPSEEK_V32,
-}

@@ -58,15 +58,17 @@ def parse_tool_calls(
     calls = parsed if isinstance(parsed, list) else [parsed]
     out: list[ParsedCall] = []
     for call in calls:
-        normalised = _name_and_arguments(call)
+        normalised = parsed_call(call)
         if normalised is None:
             return None
         out.append(normalised)
     return out or None
 
 
-def _name_and_arguments(call: object) -> ParsedCall | None:
-    """The call's name and JSON text of its arguments object, or None."""
+def parsed_call(call: object) -> ParsedCall | None:
+    """A call from `{"name", "arguments" | "parameters", "id"?}` (or OpenAI's
+    `{"id"?, "function": {...}}`): its name, the JSON text of its arguments object and the id
+    it carries; None when it is not a usable call."""
     if not isinstance(call, dict):
         return None
     model_id = call.get("id") if isinstance(call.get("id"), str) else None

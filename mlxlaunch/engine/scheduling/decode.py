@@ -117,7 +117,8 @@ class DecodeBatch:
         self.rows: list[Row] = []
         self.caches: list[Any] = []
         self._inflight: _Pass | None = None
-        self._last_issue: tuple[float, int] | None = None  # (when, width) of the last pass
+        # (when, width) of the last pass, and the width of the one before it.
+        self._last_issue: tuple[float, int, int | None] | None = None
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -175,8 +176,12 @@ class DecodeBatch:
         if not self.rows:
             return
         now = self._clock()
-        if timed and self._last_issue is not None and self.width is not None:
-            self.width.observe(self._last_issue[1], now - self._last_issue[0])
+        last = self._last_issue
+        # Passes overlap (the next is issued while the last computes), so the time between
+        # two issues is partly the pass before: it measures a width only after two passes of
+        # that width in a row (else plain steps after wide ones look dear, and the reverse).
+        if timed and last is not None and last[1] == last[2] and self.width is not None:
+            self.width.observe(last[1], now - last[0])
         lazy, usable = self._model_drafts()
         if lazy is not None and usable is not None:
             drafts: list[list[int]] = [[] for _ in self.rows]
@@ -207,7 +212,7 @@ class DecodeBatch:
         # samples otherwise, so asking costs a look at each array.
         mx.async_eval(samples, [cache.state for cache in self.caches], lazy)
         self._inflight = _Pass(drafts, width, samples, now, lazy, usable, proposed)
-        self._last_issue = (now, width)
+        self._last_issue = (now, width, last[1] if last is not None else None)
 
     def resolve(self) -> list[Emitted]:
         """Wait for the pass in flight and accept: each row's new tokens (none in flight: [])."""

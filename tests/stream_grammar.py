@@ -1,4 +1,4 @@
-"""A strict checker of the streaming grammar in PROTOCOL.md, for tests and benchmarks.
+"""A strict checker of the streaming grammar in PROTOCOL.md, for tests.
 
 It accepts exactly: message_start (empty content, usage present) → per block
 content_block_start (index 0, 1, 2 …, one open at a time) → deltas of the block's kind →
