@@ -12,7 +12,9 @@ One JSON file per server process under `<home>/run/` (home: `mlxlaunch.home`), n
 `client` is what clients are told about the served model (`ClientSettings`, derived once by
 `launch.claude_env.client_settings` from the window the engine serves): `mlx launch claude
 --print-env` reads it instead of guessing from config.json. Records from older writers lack it.
-The token makes records secret: writers keep them 0600 inside a 0700 directory. A record whose
+Records are validated by pydantic (a `TypeAdapter` over the dataclasses below, with its lax
+conversions: "8080" reads as 8080), so a malformed one is refused naming its field. The token
+makes records secret: writers keep them 0600 inside a 0700 directory. A record whose
 process is gone is stale. This module is top-level so both writers (`launch.state`) and
 token-less readers (`store.running`, which must not import launch) share one parser and one
 answer to "what is running" (`running_servers`).
@@ -21,20 +23,22 @@ answer to "what is running" (`running_servers`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Literal
 
 from mlxlaunch.home import mlxlaunch_home
 
 RunKind = Literal["launch", "serve"]
 RUN_KINDS: tuple[RunKind, ...] = ("launch", "serve")
 
-_T = TypeVar("_T")
+if TYPE_CHECKING:
+    from pydantic import TypeAdapter, ValidationError
 
 
 def run_dir(home: Path | None = None) -> Path:
@@ -69,28 +73,6 @@ class ClientSettings:
     max_output_tokens: int  # the output budget clients are told
     compact_at: int  # prompt tokens at which Claude Code compacts
 
-    @classmethod
-    def from_json(cls, data: object) -> ClientSettings | None:
-        """Parse a record's `client` object; None when absent (older writers).
-
-        Raises:
-            ValueError: present but malformed.
-        """
-        if data is None:
-            return None
-        if not isinstance(data, Mapping):
-            raise ValueError("bad state file content: 'client' is not an object")
-        try:
-            return cls(
-                model_id=str(data["model_id"]),
-                small_model_id=str(data["small_model_id"]),
-                context_window=_to_int(data["context_window"]),
-                max_output_tokens=_to_int(data["max_output_tokens"]),
-                compact_at=_to_int(data["compact_at"]),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"bad state file content: 'client': {exc}") from exc
-
 
 @dataclass(frozen=True)
 class RunState:
@@ -114,53 +96,63 @@ class RunState:
         older or foreign writer still counts as a live server (the store must not delete a
         model such a server has loaded). Everyone who talks to the server reads strictly.
         """
+        from pydantic import ValidationError
+
         if not isinstance(data, Mapping):
             raise ValueError("bad state file content: not an object")
-
-        def get(key: str, convert: Callable[[object], _T], default: _T, needed: bool = False) -> _T:
-            value = data.get(key)
-            if partial and not needed and value is None:
-                return default
-            if key not in data:
-                raise ValueError(f"bad state file content: missing {key!r}")
-            try:
-                return convert(value)
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"bad state file content: {key!r}: {exc}") from exc
-
-        kind = get("kind", str, "launch")
-        if kind not in RUN_KINDS:
-            if not partial:
-                raise ValueError(f"unknown kind {kind!r}")
-            kind = "launch"  # partial readers never look at the kind
-        return cls(
-            pid=get("pid", _to_int, 0, needed=True),
-            url=get("url", str, ""),
-            token=get("token", str, ""),
-            model=get("model", str, ""),
-            model_path=get("model_path", str, ""),
-            log_file=get("log_file", str, ""),
-            kind=cast(RunKind, kind),
-            started_at=get("started_at", _to_float, 0.0),
-            client=_client(data, partial),
-        )
-
-
-def _client(data: Mapping[str, object], partial: bool) -> ClientSettings | None:
-    try:
-        return ClientSettings.from_json(data.get("client"))
-    except ValueError:
         if partial:
-            return None  # partial readers never look at it
-        raise
+            data = _partial_record(data)
+        elif missing := [key for key in _REQUIRED if key not in data]:
+            raise ValueError(f"bad state file content: missing {missing[0]!r}")
+        try:
+            return _validators()[0].validate_python(data)
+        except ValidationError as exc:
+            raise ValueError(f"bad state file content: {_first_error(exc)}") from exc
 
 
-def _to_int(value: object) -> int:
-    return int(value)  # type: ignore[call-overload]
+# Every key a strict reader needs: all of them but `client` (older writers have none).
+_REQUIRED = tuple(f.name for f in fields(RunState) if f.name != "client")
+# What a partial reader (the pid is all it needs) reads where a field is missing or null.
+_PARTIAL_DEFAULTS: dict[str, object] = {
+    "url": "",
+    "token": "",
+    "model": "",
+    "model_path": "",
+    "log_file": "",
+    "kind": "launch",
+    "started_at": 0.0,
+    "client": None,
+}
 
 
-def _to_float(value: object) -> float:
-    return float(value)  # type: ignore[arg-type]
+@functools.cache  # pydantic (~0.15 s to import) only for a command that reads records
+def _validators() -> tuple[TypeAdapter[RunState], TypeAdapter[ClientSettings | None]]:
+    """The record's validator, and its `client` object's."""
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(RunState), TypeAdapter(ClientSettings | None)
+
+
+def _partial_record(data: Mapping[str, object]) -> dict[str, object]:
+    """`data` with its missing fields filled in; a kind or client it cannot read is left out,
+    since partial readers never look at either."""
+    from pydantic import ValidationError
+
+    record = {**_PARTIAL_DEFAULTS, **{k: v for k, v in data.items() if v is not None}}
+    if record["kind"] not in RUN_KINDS:
+        record["kind"] = "launch"
+    try:
+        _validators()[1].validate_python(record["client"])
+    except ValidationError:
+        record["client"] = None
+    return record
+
+
+def _first_error(exc: ValidationError) -> str:
+    """pydantic's first complaint, as `'field': what is wrong`."""
+    error = exc.errors(include_url=False)[0]
+    where = ".".join(str(part) for part in error["loc"])
+    return f"{where!r}: {error['msg']}" if where else error["msg"]
 
 
 def read_record(path: Path, *, partial: bool = False) -> RunState | None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mlxlaunch.bench.runner import SilentProgress
+from mlxlaunch.bench.progress import SilentProgress
 
 
 class CountingProgress(SilentProgress):

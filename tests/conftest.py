@@ -17,7 +17,7 @@ from tiers import QUICK_TIER, module_is_slow, tier_problem
 
 from mlxlaunch.blas import use_optimised_blas
 
-pytest_plugins = ["hub_fixtures"]
+pytest_plugins = ["hub_fixtures", "served_fixtures", "e2e.launching"]
 
 # First, before any test imports mlx: libmlx binds its matmul to the first BLAS loaded, so the
 # suite runs on an installed OpenBLAS like `mlx` does, and on the reference BLAS without one.
@@ -140,6 +140,15 @@ def small_model_dir() -> Path:
     return ensure_test_model("small")
 
 
+@pytest.fixture(scope="session")
+def medium_model_dir() -> Path:
+    """A 2-layer, hidden-128 model: a decode step is milliseconds, a prefill of 8k tokens
+    seconds (the pacing and fairness tests)."""
+    from mlxlaunch.testing import ensure_test_model
+
+    return ensure_test_model("medium")
+
+
 @pytest.fixture
 def scripted() -> ScriptedOutput:
     """A logits hook that makes the tiny model say what a test scripts (nothing by default)."""
@@ -156,6 +165,20 @@ def engine(tiny_model_dir: Path, scripted: ScriptedOutput) -> Iterator[Engine]:
 
     engine = Engine(EngineConfig(model=str(tiny_model_dir), logits_hook=scripted))
     yield engine
+    engine.close()
+
+
+@pytest.fixture
+def medium_engine(
+    medium_model_dir: Path, scripted: ScriptedOutput
+) -> Iterator[tuple[Engine, ScriptedOutput]]:
+    """A started engine on the medium model, and the script of its output."""
+    from mlxlaunch.engine.config import EngineConfig
+    from mlxlaunch.engine.engine import Engine
+
+    engine = Engine(EngineConfig(model=str(medium_model_dir), logits_hook=scripted))
+    engine.start()
+    yield engine, scripted
     engine.close()
 
 

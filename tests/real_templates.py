@@ -11,31 +11,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import anthropic
 import httpx
+from engine_helpers import Served, messages_tool, serve
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-from mlxlaunch.engine.config import EngineConfig
-from mlxlaunch.engine.engine import Engine
-from mlxlaunch.server.runner import ServerHandle, start_server
 from mlxlaunch.testing.builder import BPE_VOCAB_SIZE, CONTEXT_WINDOW, build_model
-from mlxlaunch.testing.scripted import ScriptedOutput
 from mlxlaunch.testing.templates import TemplateFamily, real_template_family
 from mlxlaunch.testing.tokenizer import write_tokenizer
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TEMPLATES = sorted((FIXTURES / "chat-templates").glob("*.jinja"))
 CAPTURED = ("print-mode-request", "tool-result-request", "title-request")
-BASH_TOOL: dict[str, Any] = {
-    "name": "Bash",
-    "description": "Run a shell command",
-    "input_schema": {
-        "type": "object",
-        "properties": {"command": {"type": "string"}, "description": {"type": "string"}},
-        "required": ["command"],
-    },
-}
+BASH_TOOL = messages_tool(
+    "Bash",
+    "Run a shell command",
+    {"command": {"type": "string"}, "description": {"type": "string"}},
+    required=["command"],
+)
 ANSWER = "The listing shows two files."
 HEADERS = {"x-api-key": "x", "anthropic-version": "2023-06-01"}
 COUNTED_FIELDS = ("model", "messages", "system", "tools", "thinking", "tool_choice")
@@ -46,18 +39,12 @@ def captured(name: str) -> dict[str, Any]:
     return dict(body)
 
 
-@dataclass
-class FamilyModel:
+@dataclass(kw_only=True)
+class FamilyModel(Served):
+    """A served tiny model with a real template (`family`) and that template's tokens."""
+
     family: TemplateFamily
     facts: dict[str, Any]
-    tokenizer: Any
-    engine: Engine
-    server: ServerHandle
-    scripted: ScriptedOutput
-
-    @property
-    def client(self) -> Any:  # the SDK, untyped: tests send loose dicts
-        return anthropic.Anthropic(base_url=self.server.url, api_key="x", max_retries=0)
 
     def markup(self) -> list[str]:
         """Every special or markup token of the family: none may reach visible text."""
@@ -76,16 +63,11 @@ def served_family(template: Path, directory: Path, **engine: Any) -> Iterator[Fa
     model_dir = directory / family.name
     if not (model_dir / "config.json").exists():
         build_model(model_dir, "tiny", template=family)
-    scripted = ScriptedOutput()
     options: dict[str, Any] = {"max_concurrency": 2, **engine}
-    runner = Engine(EngineConfig(model=str(model_dir), logits_hook=scripted, **options))
-    runner.start()
-    server = start_server(runner)
-    try:
-        yield FamilyModel(family, facts, load_tokenizer(model_dir), runner, server, scripted)
-    finally:
-        server.stop()
-        runner.close()
+    with serve(model_dir, **options) as s:
+        yield FamilyModel(
+            s.engine, s.server, s.scripted, None, model_dir, family=family, facts=facts
+        )
 
 
 def model_output_of_call(model: FamilyModel) -> tuple[str, str]:

@@ -27,8 +27,8 @@ from mlxlaunch.bench.config import BenchConfig
 from mlxlaunch.bench.ours import start_local_server
 from mlxlaunch.bench.peer import PeerServer
 from mlxlaunch.bench.plan import build_plan
+from mlxlaunch.bench.progress import SilentProgress
 from mlxlaunch.bench.report import format_value
-from mlxlaunch.bench.runner import SilentProgress
 from mlxlaunch.bench.summary import (
     REUSE_METRIC,
     ROW_ORDER,

@@ -16,7 +16,7 @@ from rich.console import Console
 from mlxlaunch.bench.clients import StreamTiming
 from mlxlaunch.bench.config import BenchConfig
 from mlxlaunch.bench.peer import PEER_DRAFT_NAME
-from mlxlaunch.bench.runner import SilentProgress
+from mlxlaunch.bench.progress import SilentProgress
 from mlxlaunch.bench.speculative import (
     BASE,
     COUNTERS,

@@ -14,8 +14,8 @@ import pytest
 from mlxlaunch.bench.clients import StreamTiming, on_openai_event
 from mlxlaunch.bench.config import BenchConfig
 from mlxlaunch.bench.plan import build_plan
+from mlxlaunch.bench.progress import SilentProgress
 from mlxlaunch.bench.prompt import claude_code_prompt
-from mlxlaunch.bench.runner import SilentProgress
 from mlxlaunch.bench.summary import ROW_ORDER, summary_rows, workload_of
 from mlxlaunch.bench.tool_loop import (
     TEMPLATE_FAMILY,

@@ -11,11 +11,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from test_doctor import HEALTHY
 
 from mlxlaunch.blas import ENV_CHOICE, BlasLoad, candidate_paths, loader_outcome
 from mlxlaunch.blas_probe import BlasReport, blas_report, measure_matmul_gflops
 from mlxlaunch.launch.doctor import Check, DoctorFacts, gather_facts, run_checks, worst
-from mlxlaunch.store.memory import GIB
 
 LINUX = sys.platform.startswith("linux")
 INSTALLED = next((p for p in candidate_paths() if p.is_file()), None) if LINUX else None
@@ -23,18 +23,12 @@ OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0"
 WHEEL_BLAS = "/venv/lib/python3.11/site-packages/mlx_cpu.libs/libblas-bd8a282c.so.3.10.0"
 REFERENCE = BlasReport("reference BLAS (mlx-cpu wheel)", WHEEL_BLAS, False, 2.3, None)
 
-LINUX_CPU = DoctorFacts(
+LINUX_CPU = replace(
+    HEALTHY,
     system="Linux",
     machine="x86_64",
-    mlx_version="0.32.4",
     device="cpu",
-    backend_error=None,
-    total_memory=64 * GIB,
-    claude_path="/usr/local/bin/claude",
-    claude_version="2.1.332 (Claude Code)",
     models=(),
-    models_dir="/hub",
-    free_disk=500 * GIB,
     blas=replace(REFERENCE, load=BlasLoad("absent")),
 )
 

@@ -15,12 +15,11 @@ from typing import Any
 
 import anthropic
 import pytest
+from engine_helpers import serve
 
-from mlxlaunch.engine.config import EngineConfig
-from mlxlaunch.engine.engine import Engine
 from mlxlaunch.engine.types import ChatMessage, GenerationRequest, ToolChoice, ToolSpec
 from mlxlaunch.launch.models import demo_replies
-from mlxlaunch.server.runner import ServerHandle, start_server
+from mlxlaunch.server.runner import ServerHandle
 from mlxlaunch.testing import ensure_test_model
 from mlxlaunch.testing.demo import DEMO_FILE_TEXT, demo_command, greeting, reply_for, value_for
 
@@ -110,16 +109,8 @@ def test_only_the_demo_model_gets_scripted_replies() -> None:
 
 @pytest.fixture(scope="module")
 def demo_server() -> Iterator[ServerHandle]:
-    engine = Engine(
-        EngineConfig(model=str(ensure_test_model("demo")), logits_hook=demo_replies("demo"))
-    )
-    engine.start()
-    server = start_server(engine)
-    try:
-        yield server
-    finally:
-        server.stop()
-        engine.close()
+    with serve(ensure_test_model("demo"), logits_hook=demo_replies("demo")) as served:
+        yield served.server
 
 
 def _client(server: ServerHandle) -> Any:  # the SDK, untyped: tests send captured dicts

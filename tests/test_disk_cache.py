@@ -22,8 +22,10 @@ from mlxlaunch.engine.cache.misses import common_prefix
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
 from mlxlaunch.engine.prompt.render import PromptRenderer
+from mlxlaunch.engine.stats import CacheFigures as EngineCacheFigures
 from mlxlaunch.engine.types import (
     ChatMessage,
+    Done,
     GenerationRequest,
     Sampling,
 )
@@ -56,6 +58,22 @@ def engine_for(model_dir: Path, cache_dir: Path | None, **kw: Any) -> Engine:
     return Engine(
         EngineConfig(model=str(model_dir), cache_dir=cache_dir, cache_block_tokens=16, **kw)
     )
+
+
+async def run_cold(
+    model_dir: Path, cache_dir: Path, request: GenerationRequest
+) -> tuple[Done, str, str, EngineCacheFigures]:
+    """`request` on a new engine over `cache_dir` (which it must not reuse) and on a plain one
+    without any cache: its Done, its text, the plain engine's text and its cache figures."""
+    restarted = engine_for(model_dir, cache_dir)
+    plain = engine_for(model_dir, None, cache_memory_bytes=0)
+    try:
+        done, text = await run(restarted, request)
+        _, expected = await run(plain, request)
+        return done, text, expected, restarted.stats().cache
+    finally:
+        restarted.close()
+        plain.close()
 
 
 async def first_session(model_dir: Path, cache_dir: Path) -> None:
@@ -158,15 +176,7 @@ async def test_a_damaged_or_foreign_file_is_removed_and_never_loaded(
         meta.write_text(json.dumps(about))
 
     request = first_turn("Task B: speed up the tests.")
-    restarted = engine_for(tiny_model_dir, tmp_path)
-    plain = engine_for(tiny_model_dir, None, cache_memory_bytes=0)
-    try:
-        done, text = await run(restarted, request)
-        _, expected = await run(plain, request)
-        figures = restarted.stats().cache
-    finally:
-        restarted.close()
-        plain.close()
+    done, text, expected, figures = await run_cold(tiny_model_dir, tmp_path, request)
     assert done.usage.cached_tokens == 0 and text == expected
     assert figures.disk_loads == 0
     # The damaged entry is gone; what disk holds now is the new session's cold prompt alone.

@@ -7,7 +7,6 @@ import asyncio
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -21,7 +20,8 @@ import mlx.core as mx
 import mlx_lm
 import numpy as np
 import pytest
-from deadlines import PROCESS_EXIT_S, PROCESS_START_S
+from cli_process import reaped, stop
+from deadlines import PROCESS_START_S
 from engine_helpers import FakeClock, collect, run, wait_until
 from mlx_lm.models.cache import KVCache, RotatingKVCache, load_prompt_cache, save_prompt_cache
 from test_serve_cli import _read_announcement
@@ -403,25 +403,20 @@ def serve_once(model_dir: Path, cache_dir: Path, body: dict[str, Any]) -> dict[s
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("MLX_AUTH_TOKEN", None)
     command = [sys.executable, "-m", "mlxlaunch", "serve", "--model", str(model_dir)]
-    proc = subprocess.Popen(
+    started = subprocess.Popen(
         [*command, "--port", "0", "--cache-dir", str(cache_dir)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=env,
     )
-    try:
+    with reaped(started) as proc:
         url, token, _ = _read_announcement(proc, time.monotonic() + PROCESS_START_S)
         response = httpx.post(
             url + "/v1/messages", json=body, headers={"x-api-key": token}, timeout=120
         )
         assert response.status_code == 200, response.text
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=PROCESS_EXIT_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        err = stop(proc)
     assert proc.returncode in (0, 130), err
     usage: dict[str, Any] = response.json()["usage"]
     return usage

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
+from run_records import run_record
 
 from mlxlaunch.cli.doctor import checks_table
 from mlxlaunch.launch.doctor import Check, DoctorFacts, ModelFact, gather_facts, run_checks, worst
-from mlxlaunch.launch.state import RunState
 from mlxlaunch.store.catalog import recommend
 from mlxlaunch.store.compute import Compute
 from mlxlaunch.store.memory import GIB
@@ -117,15 +117,7 @@ def test_missing_mlx_fails_with_the_install_command() -> None:
 
 
 def test_running_server_is_listed() -> None:
-    server = RunState(
-        pid=4242,
-        url="http://127.0.0.1:5555",
-        token="t",
-        model="demo",
-        model_path="/m",
-        log_file="/l",
-        kind="serve",
-    )
+    server = run_record(4242, url="http://127.0.0.1:5555", kind="serve")
     check = _by_name(run_checks(replace(HEALTHY, servers=(server,))))["server"]
     assert check.status == "ok" and "http://127.0.0.1:5555" in check.detail
     assert "t" not in check.detail.split()  # the token is not shown

@@ -6,24 +6,19 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from test_doctor import HEALTHY
 
 from mlxlaunch.launch.claude_bin import CLAUDE_CODE_VERSION, pinned_claude, pinned_prefix
 from mlxlaunch.launch.doctor import Check, DoctorFacts, gather_facts, run_checks
 from mlxlaunch.launch.node import NodeFacts
-from mlxlaunch.store.memory import GIB
 
-FACTS = DoctorFacts(
+FACTS = replace(
+    HEALTHY,
     system="Linux",
     machine="x86_64",
-    mlx_version="0.32.4",
     device="cpu",
-    backend_error=None,
-    total_memory=64 * GIB,
-    claude_path="/home/u/.cache/mlxlaunch/claude-code/2.1.332/node_modules/.bin/claude",
-    claude_version="2.1.332 (Claude Code)",
     models=(),
-    models_dir="/hub",
-    free_disk=500 * GIB,
+    claude_path="/home/u/.cache/mlxlaunch/claude-code/2.1.332/node_modules/.bin/claude",
     claude_install_dir="/home/u/.cache/mlxlaunch/claude-code/2.1.332",
     node=NodeFacts("/usr/bin/node", (22, 11, 0)),
 )

@@ -11,14 +11,13 @@ from typing import Any
 
 import httpx
 import pytest
-from engine_helpers import collect, text_of, wait_until
+from engine_helpers import collect, text_of, user_turn, wait_until
 
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
 from mlxlaunch.engine.scheduling.duplicates import generation_key
 from mlxlaunch.engine.types import (
     Admitted,
-    ChatMessage,
     Done,
     EngineEvent,
     GenerationRequest,
@@ -36,12 +35,8 @@ LONG = " ".join(f"w{i}" for i in range(3000))
 def request(
     request_id: str, max_tokens: int = 300, text: str = "the same question"
 ) -> GenerationRequest:
-    return GenerationRequest(
-        messages=[ChatMessage("user", text)],
-        max_tokens=max_tokens,
-        sampling=Sampling(temperature=0.7),  # Claude Code samples; duplicates still share
-        request_id=request_id,
-    )
+    # Claude Code samples; duplicates still share
+    return user_turn(request_id, text, max_tokens, temperature=0.7)
 
 
 async def take_deltas(events: AsyncIterator[EngineEvent], n: int) -> list[EngineEvent]:
@@ -104,15 +99,24 @@ async def test_a_duplicate_joins_the_running_generation_with_a_replay(
     assert engine.stats().counters.requests_admitted == 2
 
 
-@pytest.mark.slow
-async def test_one_listener_leaving_does_not_stop_the_others(
+async def first_and_retry(
     engine: Engine, scripted: ScriptedOutput
-) -> None:
+) -> tuple[AsyncIterator[EngineEvent], AsyncIterator[EngineEvent]]:
+    """One long generation with two listeners, the first request and its retry, each of which
+    has received a few deltas."""
     scripted.enqueue(LONG)
     first = engine.submit(request("first", max_tokens=3000))
     await take_deltas(first, 3)
     second = engine.submit(request("retry", max_tokens=3000))
     await take_deltas(second, 3)
+    return first, second
+
+
+@pytest.mark.slow
+async def test_one_listener_leaving_does_not_stop_the_others(
+    engine: Engine, scripted: ScriptedOutput
+) -> None:
+    first, second = await first_and_retry(engine, scripted)
     # The original client goes away: the retry keeps receiving.
     await first.aclose()  # type: ignore[attr-defined]
     more = await take_deltas(second, 50)
@@ -128,11 +132,7 @@ async def test_one_listener_leaving_does_not_stop_the_others(
 async def test_cancel_by_id_ends_only_that_listener(
     engine: Engine, scripted: ScriptedOutput
 ) -> None:
-    scripted.enqueue(LONG)
-    first = engine.submit(request("first", max_tokens=3000))
-    await take_deltas(first, 3)
-    second = engine.submit(request("retry", max_tokens=3000))
-    await take_deltas(second, 3)
+    first, second = await first_and_retry(engine, scripted)
     engine.cancel("retry")
     rest = await collect(second)
     done = rest[-1]

@@ -6,9 +6,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import mlx.core as mx
 import pytest
-from engine_helpers import collect, text_of
+from engine_helpers import LogitsRecorder, collect, recording_hook, text_of
 from mlx_lm import load, stream_generate
 
 from mlxlaunch.engine.config import EngineConfig
@@ -61,27 +60,9 @@ async def test_submit_streams_admitted_progress_deltas_done(engine: Engine) -> N
     assert sum(isinstance(e, Done) for e in events) == 1
 
 
-class LogitsProbe:
-    """A logits processor that records a fingerprint of every step's logits, unchanged."""
-
-    def __init__(self) -> None:
-        self.steps: list[tuple[Any, Any]] = []
-        self.context: Any = []
-
-    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
-        self.steps.append((mx.max(logits).item(), mx.logsumexp(logits).item()))
-        self.context = tokens.tolist()
-        return logits
-
-
 async def test_greedy_output_is_deterministic_and_matches_mlx_lm(tiny_model_dir: Path) -> None:
-    probes: list[LogitsProbe] = []
-
-    def hook(request: GenerationRequest, tokenizer: Any) -> list[LogitsProbe]:
-        probes.append(LogitsProbe())
-        return [probes[-1]]
-
-    engine = Engine(EngineConfig(model=str(tiny_model_dir), logits_hook=hook))
+    probes: list[LogitsRecorder] = []
+    engine = Engine(EngineConfig(model=str(tiny_model_dir), logits_hook=recording_hook(probes)))
     try:
         req = request("the quick brown fox", max_tokens=16)
         first = await collect(engine.submit(req))
@@ -108,7 +89,7 @@ async def test_greedy_output_is_deterministic_and_matches_mlx_lm(tiny_model_dir:
         ),
         add_special_tokens=False,
     )
-    reference = LogitsProbe()
+    reference = LogitsRecorder()
     tokens = [
         r.token
         for r in stream_generate(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from mlxlaunch.engine.types import (
     Admitted,
     ChatMessage,
     Done,
+    EngineEvent,
     EngineUnavailable,
     GenerationFailed,
     GenerationRequest,
@@ -124,13 +125,20 @@ async def test_concurrent_requests_decode_together(
     assert ("b", "TextDelta") in order[:first_done]
 
 
+def held_at(
+    make_engine: Callable[..., Engine], scripted: ScriptedOutput, request_id: str, at_step: int
+) -> tuple[Gate, Engine, AsyncIterator[EngineEvent]]:
+    """A long request `request_id` on a new engine whose gate holds it at step `at_step`."""
+    gate = Gate(scripted, hold_id=request_id, at_step=at_step)
+    engine = make_engine(logits_hook=gate)
+    scripted.enqueue(WORDS)
+    return gate, engine, engine.submit(request(request_id))
+
+
 async def test_cancel_mid_generation_frees_the_slot_within_one_step(
     make_engine: Callable[..., Engine], scripted: ScriptedOutput
 ) -> None:
-    gate = Gate(scripted, hold_id="doomed", at_step=4)
-    engine = make_engine(logits_hook=gate)
-    scripted.enqueue(WORDS)
-    events = engine.submit(request("doomed"))
+    gate, engine, events = held_at(make_engine, scripted, "doomed", at_step=4)
     assert isinstance(await anext(events), Admitted)
     await gate.held()
     assert engine.stats().running == 1
@@ -148,10 +156,7 @@ async def test_cancel_mid_generation_frees_the_slot_within_one_step(
 async def test_closing_the_iterator_cancels_the_request(
     make_engine: Callable[..., Engine], scripted: ScriptedOutput
 ) -> None:
-    gate = Gate(scripted, hold_id="gone", at_step=6)
-    engine = make_engine(logits_hook=gate)
-    scripted.enqueue(WORDS)
-    events = engine.submit(request("gone"))
+    gate, engine, events = held_at(make_engine, scripted, "gone", at_step=6)
     async for event in events:
         if isinstance(event, TextDelta):
             break

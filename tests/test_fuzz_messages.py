@@ -17,18 +17,15 @@ from typing import Any
 
 import httpx
 import pytest
+from engine_helpers import serve
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis_profiles import examples
 from stream_grammar import check_stream
 
-from mlxlaunch.engine.config import EngineConfig
-from mlxlaunch.engine.engine import Engine
 from mlxlaunch.protocol.errors import ERROR_STATUS
 from mlxlaunch.protocol.requests import MessagesRequest
 from mlxlaunch.protocol.sse import parse_frames
-from mlxlaunch.server.app import ServerSettings
-from mlxlaunch.server.runner import start_server
 
 TOKEN = "fuzz-token"
 ENDPOINTS = ("/v1/messages", "/v1/messages/count_tokens")
@@ -217,19 +214,14 @@ def mutated_bodies(draw: st.DrawFn) -> Any:
 def fuzz_target(
     tiny_model_dir: Path, pytestconfig: pytest.Config
 ) -> Iterator[tuple[httpx.Client, Counter[str]]]:
-    engine = Engine(EngineConfig(model=str(tiny_model_dir)))
-    engine.start()
     statuses: Counter[str] = Counter()
-    try:
-        with start_server(engine, ServerSettings(auth_token=TOKEN)) as handle:
-            headers = {"x-api-key": TOKEN, "content-type": "application/json"}
-            with httpx.Client(base_url=handle.url, headers=headers, timeout=120) as client:
-                yield client, statuses
-                _assert_still_serving(client)
-                stats = engine.stats()
-                assert stats.running == 0 and stats.queue_depth == 0
-    finally:
-        engine.close()
+    with serve(tiny_model_dir, token=TOKEN, scripted=False) as served:
+        headers = {"x-api-key": TOKEN, "content-type": "application/json"}
+        with httpx.Client(base_url=served.server.url, headers=headers, timeout=120) as client:
+            yield client, statuses
+            _assert_still_serving(client)
+            stats = served.engine.stats()
+            assert stats.running == 0 and stats.queue_depth == 0
     summary = f"fuzz: {sum(statuses.values())} requests, outcomes {dict(sorted(statuses.items()))}"
     reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:

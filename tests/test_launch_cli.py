@@ -12,12 +12,12 @@ import signal
 import socket
 import stat
 import subprocess
-import sys
 import time
 from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
+from cli_process import MLX, run_mlx
 from e2e.claude_cli import write_fake_claude
 from test_claude_install import _fake_npm, _npm_args
 
@@ -26,7 +26,6 @@ from mlxlaunch.store.catalog import recommend
 from mlxlaunch.store.memory import format_bytes
 
 # The console script's own entry point, run by this interpreter.
-MLX = [sys.executable, "-c", "from mlxlaunch.cli.main import entry; entry()"]
 
 
 @pytest.fixture
@@ -50,18 +49,7 @@ def _env(world: dict[str, Path], **extra: str) -> dict[str, str]:
     return env
 
 
-def _mlx(
-    args: list[str], env: dict[str, str], timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*MLX, *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-        check=False,
-    )
+_mlx = run_mlx
 
 
 def _report(world: dict[str, Path]) -> dict:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from e2e.launching import launch_env
 from rich.console import Console
 
 from mlxlaunch.launch.claude_env import (
@@ -300,16 +301,6 @@ def test_state_record_round_trips_the_client_settings(tmp_path: Path) -> None:
 # --- Claude Code itself (the pinned release) ---------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def real_claude() -> Path:
-    from e2e.claude_cli import CLAUDE_CODE_VERSION, claude_cache_dir, install_real_claude
-
-    binary = install_real_claude(claude_cache_dir())
-    if binary is None:
-        pytest.skip(f"npm is not installed: cannot install Claude Code {CLAUDE_CODE_VERSION}")
-    return binary
-
-
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.parametrize("model_id", [None, "claude-sonnet-4-6-distill"])
@@ -325,13 +316,7 @@ def test_claude_code_takes_the_served_window(
     """
     work, debug_log = tmp_path / "work", tmp_path / "claude-debug.log"
     work.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CLAUDE_"))}
-    env.update(
-        HOME=str(tmp_path / "user"),
-        CLAUDE_CONFIG_DIR=str(tmp_path / "user" / ".claude"),
-        MLXLAUNCH_HOME=str(tmp_path / "mlx"),
-        MLXLAUNCH_CONFIG_DIR=str(tmp_path / "mlx-config"),
-    )
+    env = launch_env(tmp_path)
     ids = [] if model_id is None else ["--env", f"ANTHROPIC_MODEL={claude_model_id(model_id)}"]
     done = subprocess.run(
         [

@@ -11,21 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from run_records import run_record
 
 from mlxlaunch.launch import state
 
 
 def _state(pid: int, started_at: float = 1.0) -> state.RunState:
-    return state.RunState(
-        pid=pid,
-        url="http://127.0.0.1:1234",
-        token="tok",
-        model="demo",
-        model_path="/m",
-        log_file="/l.log",
-        kind="launch",
-        started_at=started_at,
-    )
+    return run_record(pid, started_at=started_at)
 
 
 def _dead_pid() -> int:
@@ -136,3 +128,16 @@ def test_partial_reading_needs_only_the_pid() -> None:
         state.RunState.from_json({"url": "x"}, partial=True)
     with pytest.raises(ValueError):
         state.RunState.from_json([1, 2], partial=True)  # type: ignore[arg-type]
+
+
+def test_a_malformed_record_is_refused_naming_its_field() -> None:
+    data = json.loads(json.dumps(dataclasses.asdict(_state(1))))
+    data["client"] = {"model_id": "m", "small_model_id": "s", "context_window": "4096"}
+    with pytest.raises(ValueError, match=r"'client\.max_output_tokens': Field required"):
+        state.RunState.from_json(data)
+    data["client"] = None
+    data["pid"] = "one"
+    with pytest.raises(ValueError, match=r"'pid': .*integer"):
+        state.RunState.from_json(data)
+    data["pid"] = "7"  # what pydantic converts, it reads
+    assert state.RunState.from_json(data).pid == 7

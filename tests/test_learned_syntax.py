@@ -9,17 +9,14 @@ from typing import Any
 import anthropic
 import jinja2
 import pytest
+from engine_helpers import serve
 
-from mlxlaunch.engine.config import EngineConfig
-from mlxlaunch.engine.engine import Engine
 from mlxlaunch.engine.runtime.learned_syntax import (
     LearnedCallSyntax,
     learn_json_call_syntax,
     learn_think_markers,
 )
-from mlxlaunch.server.runner import start_server
 from mlxlaunch.testing.builder import build_model
-from mlxlaunch.testing.scripted import ScriptedOutput
 from mlxlaunch.testing.templates import TemplateFamily
 
 # Phi-4-mini's shape: a JSON list of calls between its own tags.
@@ -113,15 +110,8 @@ def served(
         template_text=template,
     )
     model_dir = build_model(tmp_path_factory.mktemp(family.name), "tiny", template=family)
-    scripted = ScriptedOutput()
-    engine = Engine(EngineConfig(model=str(model_dir), logits_hook=scripted))
-    engine.start()
-    server = start_server(engine)
-    try:
-        yield request.param, scripted, server
-    finally:
-        server.stop()
-        engine.close()
+    with serve(model_dir) as served:
+        yield request.param, served.scripted, served.server
 
 
 @pytest.mark.slow

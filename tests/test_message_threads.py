@@ -17,11 +17,9 @@ import httpx
 import httpx2
 import pytest
 from anthropic import beta_tool
+from engine_helpers import serve
 
-from mlxlaunch.engine.config import EngineConfig
-from mlxlaunch.engine.engine import Engine
-from mlxlaunch.server.app import ServerSettings
-from mlxlaunch.server.runner import ServerHandle, start_server
+from mlxlaunch.server.runner import ServerHandle
 from mlxlaunch.server.threads import ThreadLimits
 from mlxlaunch.testing.scripted import ScriptedOutput
 
@@ -52,16 +50,9 @@ class Served:
 
 
 def _serve(model: Path, tmp: Path, **limits: Any) -> Iterator[Served]:
-    scripted = ScriptedOutput()
-    engine = Engine(EngineConfig(model=str(model), logits_hook=scripted))
-    engine.start()
-    settings = ServerSettings(thread_limits=ThreadLimits(**limits), threads_dir=tmp / "threads")
-    server = start_server(engine, settings)
-    try:
-        yield Served(server, scripted, [])
-    finally:
-        server.stop()
-        engine.close()
+    settings = {"thread_limits": ThreadLimits(**limits), "threads_dir": tmp / "threads"}
+    with serve(model, settings=settings) as served:
+        yield Served(served.server, served.scripted, [])
 
 
 @pytest.fixture(scope="module")

@@ -4,22 +4,20 @@ tool round trips, thinking, stop sequences, system turns and request errors."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import anthropic
 import httpx
-import mlx.core as mx
 import pytest
-from mlx_lm.tokenizer_utils import TokenizerWrapper
+from engine_helpers import BASH_CALL as CALL
+from engine_helpers import BASH_TOOL as BASH
+from engine_helpers import HI, LogitsRecorder, Served, recording_hook
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 from stream_grammar import check_stream
 
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
-from mlxlaunch.engine.prompt.render import PromptRenderer
 from mlxlaunch.engine.types import (
     ChatMessage,
     Done,
@@ -29,66 +27,24 @@ from mlxlaunch.engine.types import (
     ThinkingDelta,
 )
 from mlxlaunch.protocol.sse import parse_frames
-from mlxlaunch.server.runner import ServerHandle, start_server
-from mlxlaunch.testing.scripted import ScriptedOutput
 
 pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model
 
-BASH = {
-    "name": "Bash",
-    "description": "Run a shell command",
-    "input_schema": {
-        "type": "object",
-        "properties": {"command": {"type": "string"}},
-        "required": ["command"],
-    },
-}
-CALL = '<tool_call>\n{"name": "Bash", "arguments": {"command": "ls"}}\n</tool_call>'
-HI = [{"role": "user", "content": "hi"}]
 
-
-@dataclass
-class Served:
-    engine: Engine
-    server: ServerHandle
-    scripted: ScriptedOutput
-    tokenizer: TokenizerWrapper
-
-    @property
-    def client(self) -> Any:  # the SDK, untyped: tests send loose dicts
-        return anthropic.Anthropic(base_url=self.server.url, api_key="x", max_retries=0)
-
-    def rendered(self, index: int = -1) -> str:
-        """The prompt text of a request the engine generated for (the real renderer)."""
-        return PromptRenderer(self.tokenizer).render_text(self.scripted.requests[index])
-
-    def both_ways(self, script: str | list[int], **kwargs: Any) -> tuple[Any, Any]:
-        """The same scripted reply non-streaming and streaming: (message, final streamed)."""
-        results = []
-        for stream in (False, True):
-            if isinstance(script, str):
-                self.scripted.enqueue(script)
-            else:
-                self.scripted.enqueue(tokens=script)
-            if stream:
-                with self.client.messages.stream(**kwargs) as s:
-                    results.append(s.get_final_message())
-            else:
-                results.append(self.client.messages.create(**kwargs))
-        return results[0], results[1]
-
-
-@pytest.fixture(scope="module")
-def served(tiny_model_dir: Path) -> Iterator[Served]:
-    scripted = ScriptedOutput()
-    engine = Engine(EngineConfig(model=str(tiny_model_dir), logits_hook=scripted))
-    engine.start()
-    server = start_server(engine)
-    try:
-        yield Served(engine, server, scripted, load_tokenizer(tiny_model_dir))
-    finally:
-        server.stop()
-        engine.close()
+def both_ways(served: Served, script: str | list[int], **kwargs: Any) -> tuple[Any, Any]:
+    """The same scripted reply non-streaming and streaming: (message, final streamed)."""
+    results = []
+    for stream in (False, True):
+        if isinstance(script, str):
+            served.scripted.enqueue(script)
+        else:
+            served.scripted.enqueue(tokens=script)
+        if stream:
+            with served.client.messages.stream(**kwargs) as s:
+                results.append(s.get_final_message())
+        else:
+            results.append(served.client.messages.create(**kwargs))
+    return results[0], results[1]
 
 
 def _blocks(message: Any) -> list[dict[str, Any]]:
@@ -106,12 +62,7 @@ def _blocks(message: Any) -> list[dict[str, Any]]:
 
 def test_tool_round_trip_renders_the_result_in_place(served: Served) -> None:
     served.scripted.enqueue("Checking." + CALL)
-    first = served.client.messages.create(
-        model="m",
-        max_tokens=100,
-        messages=HI,
-        tools=[BASH],
-    )
+    first = served.client.messages.create(model="m", max_tokens=100, messages=HI, tools=[BASH])
     assert first.stop_reason == "tool_use"
     call = first.content[-1]
     assert call.type == "tool_use" and call.input == {"command": "ls"}
@@ -128,10 +79,7 @@ def test_tool_round_trip_renders_the_result_in_place(served: Served) -> None:
         },
     ]
     second = served.client.messages.create(
-        model="m",
-        max_tokens=100,
-        messages=history,
-        tools=[BASH],
+        model="m", max_tokens=100, messages=history, tools=[BASH]
     )
     assert second.stop_reason == "end_turn"
     assert [b.type for b in second.content] == ["text"]
@@ -204,13 +152,14 @@ def test_inconsistent_tool_history_and_images_are_400(served: Served) -> None:
 
 
 def test_without_tools_markup_is_text(served: Served) -> None:
-    message, streamed = served.both_ways(CALL, model="m", max_tokens=100, messages=HI)
+    message, streamed = both_ways(served, CALL, model="m", max_tokens=100, messages=HI)
     assert _blocks(message) == _blocks(streamed) == [{"type": "text", "text": CALL}]
     assert message.stop_reason == "end_turn"
 
 
 def test_disable_parallel_tool_use_stops_after_one_call(served: Served) -> None:
-    message, streamed = served.both_ways(
+    message, streamed = both_ways(
+        served,
         CALL + "\n" + CALL.replace("ls", "pwd") + "\nmore text",
         model="m",
         max_tokens=200,
@@ -228,8 +177,8 @@ def test_disable_parallel_tool_use_stops_after_one_call(served: Served) -> None:
 def test_thinking_enabled_gives_a_thinking_block_then_text(served: Served) -> None:
     reply = "Plan the answer.\n</think>\n\nHello!"
     kwargs: dict[str, Any] = {"model": "m", "max_tokens": 100, "messages": HI}
-    message, streamed = served.both_ways(
-        reply, thinking={"type": "enabled", "budget_tokens": 1024}, **kwargs
+    message, streamed = both_ways(
+        served, reply, thinking={"type": "enabled", "budget_tokens": 1024}, **kwargs
     )
     assert _blocks(message) == _blocks(streamed)
     assert [b.type for b in message.content] == ["thinking", "text"]
@@ -237,7 +186,7 @@ def test_thinking_enabled_gives_a_thinking_block_then_text(served: Served) -> No
     assert served.rendered().endswith("<|im_start|>assistant\n<think>\n")
 
     # Disabled: the template closes the think span in the prompt; the reply is all answer.
-    message = served.both_ways("Hello!", thinking={"type": "disabled"}, **kwargs)[0]
+    message = both_ways(served, "Hello!", thinking={"type": "disabled"}, **kwargs)[0]
     assert [b.type for b in message.content] == ["text"]
     assert served.rendered().endswith("<think>\n\n</think>\n\n")
 
@@ -262,28 +211,9 @@ def test_display_omitted_sends_an_empty_thinking_block_with_a_signature(served: 
     assert "Secret plan" not in raw.text
 
 
-class TokenLog:
-    """A logits processor that leaves logits alone and remembers the context it saw."""
-
-    def __init__(self) -> None:
-        self.context: list[int] = []
-        self.prompt_length: int | None = None
-
-    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
-        if self.prompt_length is None:
-            self.prompt_length = int(tokens.shape[0])
-        self.context = cast(list[int], tokens.tolist())
-        return logits
-
-
 async def test_thinking_budget_closes_the_span(tiny_model_dir: Path) -> None:
-    logs: list[TokenLog] = []
-
-    def hook(request: GenerationRequest, tokenizer: Any) -> list[TokenLog]:
-        logs.append(TokenLog())
-        return [logs[-1]]
-
-    engine = Engine(EngineConfig(model=str(tiny_model_dir), logits_hook=hook))
+    logs: list[LogitsRecorder] = []
+    engine = Engine(EngineConfig(model=str(tiny_model_dir), logits_hook=recording_hook(logs)))
     budget = 6
     request = GenerationRequest(
         messages=[ChatMessage("user", "think about it")],
@@ -337,8 +267,13 @@ def _pieces(served: Served, *parts: str) -> list[int]:
 def test_stop_sequences_agree_streaming_and_not(
     served: Served, parts: list[str], stops: list[str], text: str, matched: str | None
 ) -> None:
-    message, streamed = served.both_ways(
-        _pieces(served, *parts), model="m", max_tokens=100, messages=HI, stop_sequences=stops
+    message, streamed = both_ways(
+        served,
+        _pieces(served, *parts),
+        model="m",
+        max_tokens=100,
+        messages=HI,
+        stop_sequences=stops,
     )
     for result in (message, streamed):
         assert "".join(b.text for b in result.content if b.type == "text") == text
@@ -347,7 +282,8 @@ def test_stop_sequences_agree_streaming_and_not(
 
 
 def test_a_stop_before_a_tool_call_suppresses_it(served: Served) -> None:
-    message, streamed = served.both_ways(
+    message, streamed = both_ways(
+        served,
         "Let me run it. HALT " + CALL,
         model="m",
         max_tokens=100,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +17,12 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from mlx_lm.tokenizer_utils import TokenizerWrapper
-from mlx_lm.tokenizer_utils import load as load_tokenizer
+from engine_helpers import BASH_CALL as CALL
+from engine_helpers import BASH_FUNCTION as BASH
+from engine_helpers import HI, Served, serve
 
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
-from mlxlaunch.engine.prompt.render import PromptRenderer
 from mlxlaunch.engine.tool_ids import client_tool_id, model_written_id
 from mlxlaunch.engine.types import (
     Admitted,
@@ -45,24 +44,10 @@ from mlxlaunch.server.chat_mapping import (
     speaks_openai,
     to_generation_request,
 )
-from mlxlaunch.server.runner import ServerHandle, start_server
-from mlxlaunch.testing.scripted import ScriptedOutput
+from mlxlaunch.server.runner import start_server
 
 TOKEN = "test-token-openai"
-BASH = {
-    "type": "function",
-    "function": {
-        "name": "Bash",
-        "description": "Run a shell command",
-        "parameters": {
-            "type": "object",
-            "properties": {"command": {"type": "string"}},
-            "required": ["command"],
-        },
-    },
-}
-CALL = '<tool_call>\n{"name": "Bash", "arguments": {"command": "ls"}}\n</tool_call>'
-HI = [{"role": "user", "content": "hi"}]
+CHAT = "/v1/chat/completions"
 
 
 # --- without a model -------------------------------------------------------------------------
@@ -191,42 +176,10 @@ def test_chunks_and_their_reduction() -> None:
 # --- the real server -------------------------------------------------------------------------
 
 
-@dataclass
-class Served:
-    engine: Engine
-    server: ServerHandle
-    scripted: ScriptedOutput
-    tokenizer: TokenizerWrapper
-
-    @property
-    def client(self) -> Any:  # the SDK, untyped: tests send loose dicts
-        return openai.OpenAI(base_url=self.server.url + "/v1", api_key=TOKEN, max_retries=0)
-
-    def rendered(self, index: int = -1) -> str:
-        """The prompt text of a request the engine generated for (the real renderer)."""
-        return PromptRenderer(self.tokenizer).render_text(self.scripted.requests[index])
-
-    def post(self, body: bytes | dict[str, Any], **headers: str) -> httpx.Response:
-        content = body if isinstance(body, bytes) else json.dumps(body).encode()
-        return httpx.post(
-            self.server.url + "/v1/chat/completions",
-            content=content,
-            headers={"authorization": f"Bearer {TOKEN}", **headers},
-            timeout=60,
-        )
-
-
 @pytest.fixture(scope="module")
 def served(tiny_model_dir: Path) -> Iterator[Served]:
-    scripted = ScriptedOutput()
-    engine = Engine(EngineConfig(model=str(tiny_model_dir), logits_hook=scripted))
-    engine.start()
-    server = start_server(engine, ServerSettings(auth_token=TOKEN))
-    try:
-        yield Served(engine, server, scripted, load_tokenizer(tiny_model_dir))
-    finally:
-        server.stop()
-        engine.close()
+    with serve(tiny_model_dir, token=TOKEN, sdk="openai") as server:
+        yield server
 
 
 def _stream(served: Served, **kwargs: Any) -> list[Any]:
@@ -395,14 +348,14 @@ def test_client_mistakes_are_400_in_openai_envelope(served: Served) -> None:
     assert caught.value.status_code == 400
     assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "n"
 
-    error = _openai_envelope(served.post(b'{"model": "m", "messages": ['), 400)
+    error = _openai_envelope(served.post(CHAT, b'{"model": "m", "messages": ['), 400)
     assert error["type"] == "invalid_request_error" and "not valid JSON" in error["message"]
 
     unknown = [*HI, {"role": "tool", "tool_call_id": "call_nope", "content": "x"}]
-    error = _openai_envelope(served.post({"model": "m", "messages": unknown}), 400)
+    error = _openai_envelope(served.post(CHAT, {"model": "m", "messages": unknown}), 400)
     assert "call_nope" in error["message"]
 
-    missing = served.post({"model": "m", "messages": [{"role": "user"}]})
+    missing = served.post(CHAT, {"model": "m", "messages": [{"role": "user"}]})
     assert _openai_envelope(missing, 400)["param"] == "messages.0.content"
 
 

@@ -9,16 +9,14 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
+from engine_helpers import Served, serve
 
-from mlxlaunch.engine.config import EngineConfig
-from mlxlaunch.engine.engine import Engine
 from mlxlaunch.engine.types import (
     Admitted,
     Done,
@@ -30,15 +28,12 @@ from mlxlaunch.engine.types import (
 )
 from mlxlaunch.protocol.openai_responses import ResponsesRequest
 from mlxlaunch.protocol.sse import parse_frames
-from mlxlaunch.server.app import ServerSettings
 from mlxlaunch.server.responses_mapping import (
     client_call_id,
     engine_call_id,
     to_generation_request,
 )
 from mlxlaunch.server.responses_stream import ResponseStream, new_response
-from mlxlaunch.server.runner import ServerHandle, start_server
-from mlxlaunch.testing.scripted import ScriptedOutput
 
 slow = pytest.mark.slow  # the tests that serve a model
 
@@ -56,41 +51,21 @@ WEATHER: dict[str, Any] = {
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
 
-@dataclass
-class Served:
-    server: ServerHandle
-    scripted: ScriptedOutput
-
-    @property
-    def client(self) -> Any:  # the SDK, untyped: tests send loose dicts
-        return openai.OpenAI(base_url=self.server.url + "/v1", api_key="x", max_retries=0)
-
-
-def _serve(model: Path, tmp: Path, **config: Any) -> Iterator[Served]:
-    settings_fields = {k: config.pop(k) for k in ("auth_token",) if k in config}
-    scripted = ScriptedOutput()
-    engine = Engine(EngineConfig(model=str(model), logits_hook=scripted, **config))
-    engine.start()
-    settings = ServerSettings(threads_dir=tmp / "threads", **settings_fields)
-    server = start_server(engine, settings)
-    try:
-        yield Served(server, scripted)
-    finally:
-        server.stop()
-        engine.close()
-
-
 @pytest.fixture(scope="module")
 def served(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    yield from _serve(tiny_model_dir, tmp_path_factory.mktemp("responses"))
+    settings = {"threads_dir": tmp_path_factory.mktemp("responses") / "threads"}
+    with serve(tiny_model_dir, sdk="openai", settings=settings) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
 def strict(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """A server with an auth token and a 64-token window."""
-    yield from _serve(
-        tiny_model_dir, tmp_path_factory.mktemp("strict"), context_length=64, auth_token="secret"
-    )
+    settings = {"threads_dir": tmp_path_factory.mktemp("strict") / "threads"}
+    with serve(
+        tiny_model_dir, token="secret", sdk="openai", settings=settings, context_length=64
+    ) as server:
+        yield server
 
 
 # --- text ---------------------------------------------------------------------------------

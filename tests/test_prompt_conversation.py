@@ -10,14 +10,13 @@ They run through a minimal tokenizer double that only applies its Jinja template
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from template_tokenizer import TemplateTokenizer
 
 from mlxlaunch.engine.prompt.conversation import (
     calls_as_text,
@@ -28,12 +27,8 @@ from mlxlaunch.engine.prompt.conversation import (
     split_parallel_calls,
 )
 from mlxlaunch.engine.prompt.render import PromptRenderer
-from mlxlaunch.engine.prompt.template_behaviour import (
-    FAITHFUL,
-    TemplateBehaviour,
-    in_order,
-    probe_template,
-)
+from mlxlaunch.engine.prompt.template_behaviour import in_order, probe_template
+from mlxlaunch.engine.prompt.template_modes import FAITHFUL, TemplateBehaviour
 from mlxlaunch.engine.prompt.template_shape import message_to_template
 from mlxlaunch.engine.prompt.tool_definitions import (
     deepseek_v31_section,
@@ -43,49 +38,7 @@ from mlxlaunch.engine.prompt.tool_definitions import (
 from mlxlaunch.engine.types import ChatMessage, GenerationRequest, ToolCallRecord, ToolSpec
 from mlxlaunch.store.dialects import DIALECTS
 
-# --- a tokenizer double and templates written for these tests ------------------------------
-
-
-class TemplateError(Exception):
-    pass
-
-
-def _raise(message: str) -> None:
-    raise TemplateError(message)
-
-
-class TemplateTokenizer:
-    """Only what the renderer uses of a tokenizer: a chat template and applying it."""
-
-    def __init__(self, chat_template: str) -> None:
-        self.chat_template = chat_template
-        self.renders = 0
-        env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-        )
-        env.globals["raise_exception"] = _raise
-        env.globals["strftime_now"] = lambda format: "2026-01-01"
-        env.filters["tojson"] = lambda value, **kwargs: json.dumps(value, **kwargs)
-        self._env = env
-        self._compiled: tuple[str, Any] | None = None  # (source, template): compiled once
-
-    def apply_chat_template(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
-        add_generation_prompt: bool = False,
-        tokenize: bool = False,
-        **kwargs: Any,
-    ) -> str:
-        assert not tokenize
-        self.renders += 1
-        # Compiling gpt-oss's template takes a good part of a second and probing renders it
-        # dozens of times; a test that swaps `chat_template` gets the new one compiled.
-        if self._compiled is None or self._compiled[0] != self.chat_template:
-            self._compiled = (self.chat_template, self._env.from_string(self.chat_template))
-        return self._compiled[1].render(
-            messages=messages, tools=tools, add_generation_prompt=add_generation_prompt, **kwargs
-        )
+# --- templates written for these tests (the tokenizer double: tests/template_tokenizer.py) ---
 
 
 TOOLS_BLOCK = "{% for t in tools or [] %}<tool>{{ t.function | tojson }}</tool>\n{% endfor %}"

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cli_process import MLX, run_mlx
 from deadlines import PROCESS_EXIT_S, PROCESS_START_S
 from e2e.claude_cli import write_fake_claude
 from rich.console import Console
@@ -33,8 +34,6 @@ from mlxlaunch.launch.processes import (
 )
 from mlxlaunch.launch.state import RunState, state_path, write_state
 from mlxlaunch.protocol.stats import StatsSnapshot
-
-MLX = [sys.executable, "-c", "from mlxlaunch.cli.main import entry; entry()"]
 
 
 def _state(pid: int, model: str = "demo", **changes: object) -> RunState:
@@ -202,15 +201,7 @@ def test_rows_fit_80_columns_and_carry_no_token() -> None:
 
 
 def _mlx(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*MLX, *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=PROCESS_EXIT_S,
-        stdin=subprocess.DEVNULL,
-        check=False,
-    )
+    return run_mlx(args, env, PROCESS_EXIT_S)
 
 
 def _wait_for_record(home: Path, pid: int) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from engine_helpers import messages_tool
 from real_templates import (
     ANSWER,
     BASH_TOOL,
@@ -227,19 +228,15 @@ def test_the_hardest_conversation_is_served(family_model: FamilyModel) -> None:
     assert text == ANSWER
 
 
-BOUNDED: dict[str, Any] = {
-    "name": "Bash",
-    "description": "Run a shell command",
-    "input_schema": {
-        "type": "object",
-        "properties": {
-            "command": {"type": "string", "maxLength": 12},
-            "timeout": {"type": "integer", "minimum": 1, "maximum": 600},
-        },
-        "required": ["command", "timeout"],
-        "additionalProperties": False,
+BOUNDED = messages_tool(
+    "Bash",
+    "Run a shell command",
+    {
+        "command": {"type": "string", "maxLength": 12},
+        "timeout": {"type": "integer", "minimum": 1, "maximum": 600},
     },
-}
+    closed=True,
+)
 
 
 def test_a_forced_call_is_a_valid_call(family_model: FamilyModel) -> None:

@@ -7,6 +7,7 @@ special tokens, fragments of them, whitespace runs, multi-byte characters and co
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -78,14 +79,23 @@ def byte_level_tokenizer(extra: list[AddedToken]) -> Tokenizer:
     return tokenizer
 
 
-def metaspace_tokenizer() -> Tokenizer:
-    """A SentencePiece-style BPE: NFKC, and a "▁" prepended to the first piece only."""
+def metaspace_tokenizer(corpus: Iterable[str] = CORPUS, vocab_size: int = 300) -> Tokenizer:
+    """A SentencePiece-style BPE trained on `corpus`: NFKC, and a "▁" prepended to the first
+    piece only (not the test models' kind)."""
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.normalizer = normalizers.NFKC()
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
     tokenizer.decoder = decoders.Metaspace(prepend_scheme="first")
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>"], show_progress=False)
-    tokenizer.train_from_iterator(CORPUS, trainer)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<unk>"], show_progress=False
+    )
+    tokenizer.train_from_iterator(corpus, trainer)
+    return tokenizer
+
+
+def chatml_metaspace_tokenizer() -> Tokenizer:
+    """`metaspace_tokenizer` with ChatML's control tokens."""
+    tokenizer = metaspace_tokenizer()
     tokenizer.add_special_tokens(
         [AddedToken(t, special=True, normalized=False) for t in ("<|im_start|>", "<|im_end|>")]
     )
@@ -105,7 +115,7 @@ TOKENIZERS = {
             AddedToken("a<|im_start|>b", normalized=False),
         ]
     ),
-    "metaspace": metaspace_tokenizer,
+    "metaspace": chatml_metaspace_tokenizer,
 }
 
 

@@ -22,18 +22,15 @@ import asyncio
 import statistics
 import time
 import uuid
-from collections.abc import Iterator
 from itertools import pairwise
 from pathlib import Path
 
 import mlx.core as mx
 import pytest
-from engine_helpers import wait_until
+from engine_helpers import forced_streams, timed_prompt, wait_until
 
-from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
 from mlxlaunch.engine.scheduling.batch import Batch
-from mlxlaunch.engine.types import Admitted, ChatMessage, GenerationRequest, Sampling, TextDelta
 from mlxlaunch.testing.scripted import ForcedTokens, ScriptedOutput
 
 pytestmark = pytest.mark.slow  # the tests load a model
@@ -47,32 +44,6 @@ LONG_PROMPT_REPEATS = 300
 MAX_GAP_IN_STEPS = 30
 
 
-@pytest.fixture(scope="module")
-def medium_model_dir() -> Path:
-    """The 2-layer, hidden-128 test model: a decode step is milliseconds, a prefill seconds."""
-    from mlxlaunch.testing import ensure_test_model
-
-    return ensure_test_model("medium")
-
-
-@pytest.fixture
-def medium_engine(medium_model_dir: Path) -> Iterator[tuple[Engine, ScriptedOutput]]:
-    scripted = ScriptedOutput()
-    engine = Engine(EngineConfig(model=str(medium_model_dir), logits_hook=scripted))
-    engine.start()
-    yield engine, scripted
-    engine.close()
-
-
-def request(request_id: str, text: str, max_tokens: int) -> GenerationRequest:
-    return GenerationRequest(
-        messages=[ChatMessage("user", text)],
-        max_tokens=max_tokens,
-        sampling=Sampling(temperature=0.0),
-        request_id=request_id,
-    )
-
-
 def gaps(times: list[float]) -> list[float]:
     return [later - earlier for earlier, later in pairwise(times)]
 
@@ -81,32 +52,14 @@ async def test_a_long_prompt_joining_forced_streams_does_not_stall_them(
     medium_engine: tuple[Engine, ScriptedOutput],
 ) -> None:
     engine, scripted = medium_engine
-    arrivals: list[list[float]] = [[] for _ in range(STREAMS)]
-
-    async def stream(index: int) -> None:
-        async for event in engine.submit(request(f"stream-{index}", f"hi {index}", 30_000)):
-            if isinstance(event, TextDelta):
-                arrivals[index].append(time.monotonic())
-
-    for _ in range(STREAMS):
-        scripted.enqueue(" ".join(f"w{i}" for i in range(8000)))  # forced, token by token
-    streams = [asyncio.create_task(stream(i)) for i in range(STREAMS)]
-    await wait_until(lambda: all(len(a) >= DECODED_BEFORE_MERGE for a in arrivals), timeout=120)
-    normal = statistics.median(gaps(arrivals[0][-200:]))
-
-    # A fresh prompt (nothing from the prefix cache), sampled normally: the queue is empty.
-    long_text = f"{uuid.uuid4()} " + "many words in a very long prompt " * LONG_PROMPT_REPEATS
-    admitted_at = first_token_at = 0.0
-    async for event in engine.submit(request("long", long_text, 2)):
-        if isinstance(event, Admitted):
-            admitted_at = time.monotonic()
-            assert event.prompt_tokens > 1500 and event.cached_tokens < 100, event
-        elif isinstance(event, TextDelta) and not first_token_at:
-            first_token_at = time.monotonic()
-    await asyncio.sleep(0.5)  # the merged steps after the prompt's first token
-    for index in range(STREAMS):
-        engine.cancel(f"stream-{index}")
-    await asyncio.gather(*streams)
+    async with forced_streams(engine, scripted, STREAMS) as arrivals:
+        await wait_until(lambda: all(len(a) >= DECODED_BEFORE_MERGE for a in arrivals), timeout=120)
+        normal = statistics.median(gaps(arrivals[0][-200:]))
+        # A fresh prompt (nothing from the prefix cache), sampled normally: the queue is empty.
+        long_text = f"{uuid.uuid4()} " + "many words in a very long prompt " * LONG_PROMPT_REPEATS
+        admitted, admitted_at, first_token_at = await timed_prompt(engine, long_text)
+        assert admitted.prompt_tokens > 1500 and admitted.cached_tokens < 100, admitted
+        await asyncio.sleep(0.5)  # the merged steps after the prompt's first token
 
     assert first_token_at, "the long prompt produced no token"
     window = [t for t in arrivals[0] if t >= admitted_at]

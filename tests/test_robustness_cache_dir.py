@@ -244,8 +244,7 @@ def test_a_file_hashed_in_parallel_chunks_has_a_stable_digest(
 
 @pytest.mark.slow
 async def test_an_engine_over_rebuilt_weights_does_not_reuse_the_old_kv(tmp_path: Path) -> None:
-    from engine_helpers import run
-    from test_disk_cache import engine_for, first_session, first_turn
+    from test_disk_cache import first_session, first_turn, run_cold
 
     from mlxlaunch.testing.builder import build_model
 
@@ -256,15 +255,7 @@ async def test_an_engine_over_rebuilt_weights_does_not_reuse_the_old_kv(tmp_path
     build_model(model, "tiny", seed=1)  # the same shapes, at the same path: other weights
     assert (model / "model.safetensors").stat().st_size == size
     request = first_turn("Task B: speed up the tests.")
-    rebuilt = engine_for(model, root)
-    plain = engine_for(model, None, cache_memory_bytes=0)
-    try:
-        done, text = await run(rebuilt, request)
-        _, expected = await run(plain, request)
-        figures = rebuilt.stats().cache
-    finally:
-        rebuilt.close()
-        plain.close()
+    done, text, expected, figures = await run_cold(model, root, request)
     assert done.usage.cached_tokens == 0 and figures.disk_loads == 0
     assert text == expected
     assert {p.parent.name for p in root.glob("*/*.safetensors")} - before  # a new identity

@@ -29,7 +29,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis_profiles import examples
 from mlx_lm.tokenizer_utils import load as load_tokenizer
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from test_render_incremental import metaspace_tokenizer
+from tokenizers import Tokenizer
 
 from mlxlaunch.engine.prompt.prompt_size import (
     PIECE_CHARS,
@@ -80,21 +81,15 @@ def mixed_text(chars: int, seed: int = 0) -> str:
     return (block * (chars // len(block) + 1))[:chars]
 
 
-def metaspace_tokenizer() -> Tokenizer:
-    """A SentencePiece-style BPE (NFKC, "▁" before the first piece): not the test models' kind."""
-    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
-    tokenizer.normalizer = normalizers.NFKC()
-    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
-    tokenizer.decoder = decoders.Metaspace(prepend_scheme="first")
-    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["<unk>"], show_progress=False)
-    tokenizer.train_from_iterator([*TRICKY[5:8], mixed_text(20000)], trainer)
-    return tokenizer
+def tricky_metaspace_tokenizer() -> Tokenizer:
+    """A SentencePiece-style BPE trained on some of the tricky texts: not the test models' kind."""
+    return metaspace_tokenizer([*TRICKY[5:8], mixed_text(20000)], vocab_size=600)
 
 
 @pytest.fixture(scope="module")
 def tokenizers_of_each_kind() -> dict[str, Tokenizer]:
     qwen = real_template_family(TEMPLATES / "qwen3-0.6b.jinja")
-    return {"byte-level": train_tokenizer(qwen, 8192), "metaspace": metaspace_tokenizer()}
+    return {"byte-level": train_tokenizer(qwen, 8192), "metaspace": tricky_metaspace_tokenizer()}
 
 
 def counter(tokenizer: Tokenizer) -> Any:

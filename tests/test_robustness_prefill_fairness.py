@@ -21,23 +21,14 @@ import asyncio
 import random
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from engine_helpers import wait_until
+from engine_helpers import forced_streams, timed_prompt, wait_until
 
-from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
 from mlxlaunch.engine.scheduling.prefill_pacing import MIN_SLICE_S, PREFILL_SHARE, PrefillPacer
-from mlxlaunch.engine.types import (
-    Admitted,
-    ChatMessage,
-    GenerationRequest,
-    Sampling,
-    TextDelta,
-)
 from mlxlaunch.testing.scripted import ScriptedOutput
 
 # --- the pacer against a simulated machine ------------------------------------------------
@@ -152,32 +143,6 @@ LONG_PROMPT_REPEATS = 900
 MAX_SLOWDOWN = 4.0
 
 
-@pytest.fixture(scope="module")
-def medium_model_dir() -> Path:
-    """The 2-layer, hidden-128 test model: its prefill of 8k tokens takes seconds here."""
-    from mlxlaunch.testing import ensure_test_model
-
-    return ensure_test_model("medium")
-
-
-@pytest.fixture
-def medium_engine(medium_model_dir: Path) -> Iterator[tuple[Engine, ScriptedOutput]]:
-    scripted = ScriptedOutput()
-    engine = Engine(EngineConfig(model=str(medium_model_dir), logits_hook=scripted))
-    engine.start()
-    yield engine, scripted
-    engine.close()
-
-
-def request(request_id: str, text: str, max_tokens: int) -> GenerationRequest:
-    return GenerationRequest(
-        messages=[ChatMessage("user", text)],
-        max_tokens=max_tokens,
-        sampling=Sampling(temperature=0.0),
-        request_id=request_id,
-    )
-
-
 def mean_gap(times: list[float]) -> float:
     assert len(times) >= 10, len(times)
     return (times[-1] - times[0]) / (len(times) - 1)
@@ -188,37 +153,19 @@ async def test_a_long_prefill_slows_running_streams_by_at_most_about_2x(
     medium_engine: tuple[Engine, ScriptedOutput],
 ) -> None:
     engine_, scripted = medium_engine
-    arrivals: list[list[float]] = [[] for _ in range(STREAMS)]
-
-    async def stream(index: int) -> None:
-        async for event in engine_.submit(request(f"stream-{index}", f"hi {index}", 30_000)):
-            if isinstance(event, TextDelta):
-                arrivals[index].append(time.monotonic())
-
-    for _ in range(STREAMS):
-        scripted.enqueue(" ".join(f"w{i}" for i in range(8000)))
-    streams = [asyncio.create_task(stream(i)) for i in range(STREAMS)]
-    await wait_until(lambda: all(len(a) >= 20 for a in arrivals), timeout=30)
-    alone_from = time.monotonic()
-    await asyncio.sleep(1.0)
-    alone = [t for t in arrivals[0] if t >= alone_from]
-
-    # A fresh prompt: nothing of it may come from the prefix cache.
-    long_text = f"{uuid.uuid4()} " + "many words in a very long prompt " * LONG_PROMPT_REPEATS
-    admitted_at = first_token_at = 0.0
-    async for event in engine_.submit(request("long", long_text, 2)):
-        if isinstance(event, Admitted):
-            admitted_at = time.monotonic()
-            assert event.prompt_tokens > 6000 and event.cached_tokens < 100, event
-        elif isinstance(event, TextDelta) and not first_token_at:
-            first_token_at = time.monotonic()
-    after_from = time.monotonic()
-    await asyncio.sleep(1.0)  # the streams alone again: the machine's load may have changed
-    after = [t for t in arrivals[0] if t >= after_from]
-    during = [t for t in arrivals[0] if admitted_at <= t <= first_token_at]
-    for name in [f"stream-{i}" for i in range(STREAMS)]:
-        engine_.cancel(name)
-    await asyncio.gather(*streams)
+    async with forced_streams(engine_, scripted, STREAMS) as arrivals:
+        await wait_until(lambda: all(len(a) >= 20 for a in arrivals), timeout=30)
+        alone_from = time.monotonic()
+        await asyncio.sleep(1.0)
+        alone = [t for t in arrivals[0] if t >= alone_from]
+        # A fresh prompt: nothing of it may come from the prefix cache.
+        long_text = f"{uuid.uuid4()} " + "many words in a very long prompt " * LONG_PROMPT_REPEATS
+        admitted, admitted_at, first_token_at = await timed_prompt(engine_, long_text)
+        assert admitted.prompt_tokens > 6000 and admitted.cached_tokens < 100, admitted
+        after_from = time.monotonic()
+        await asyncio.sleep(1.0)  # the streams alone again: the machine's load may have changed
+        after = [t for t in arrivals[0] if t >= after_from]
+        during = [t for t in arrivals[0] if admitted_at <= t <= first_token_at]
 
     alone_gap = (mean_gap(alone) + mean_gap(after)) / 2
     slowdown = mean_gap(during) / alone_gap

@@ -16,13 +16,13 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import KVCache
+from run_records import run_record
 
 from mlxlaunch import config
 from mlxlaunch.engine.cache.disk import DiskCache
 from mlxlaunch.home import make_dirs, private_dir, shared_dir
 from mlxlaunch.launch.server_log import new_log_path
 from mlxlaunch.launch.state import write_state
-from mlxlaunch.runstate import RunState
 from mlxlaunch.store import registry
 
 
@@ -80,14 +80,7 @@ def test_a_file_in_the_way_is_an_error(tmp_path: Path) -> None:
 def test_run_state_home_and_record_are_private(tmp_path: Path) -> None:
     home = tmp_path / "home"
     record = write_state(
-        RunState(
-            pid=4242,
-            url="http://127.0.0.1:1",
-            token="secret",
-            model="m",
-            model_path="/m",
-            log_file="/l",
-        ),
+        run_record(4242, token="secret"),
         home=home,
     )
     assert mode(home) == 0o700

@@ -62,8 +62,15 @@ MAX_MODULE_LINES = 700
 def _imports(path: Path) -> list[tuple[int, str]]:
     """(line, dotted name) of every import; `from a import b` gives `a.b` (b may be a module).
     Shared between callers: read it, do not change it."""
-    tree = ast.parse(path.read_text())
-    here = list(path.relative_to(PKG.parent).with_suffix("").parts)
+    return imported_names(path.read_text(), path.relative_to(PKG.parent).with_suffix("").parts)
+
+
+def imported_names(source: str, here_parts: Iterable[str]) -> list[tuple[int, str]]:
+    """(line, dotted name) of every import statement in `source`, wherever it stands (under
+    `TYPE_CHECKING`, inside a function), for the module whose path parts (without `.py`,
+    `__init__` included for a package) are `here_parts`."""
+    tree = ast.parse(source)
+    here = list(here_parts)
     found: list[tuple[int, str]] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -210,6 +217,140 @@ def test_find_cycle_finds_one() -> None:
     assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
 
 
+# --- modules: no import circles, hidden ones included ----------------------------------
+
+# Circles that other branches of issue 30 cut (the CLI's command table with the completions:
+# the serving path; the server's app with its API handlers: the server by idea). The lead
+# empties this list when they merge; a new circle is cut, never added here.
+KNOWN_CIRCLES = [
+    frozenset({"mlxlaunch.cli.main", "mlxlaunch.cli.completions", "mlxlaunch.cli.command_tree"}),
+    frozenset(
+        {"mlxlaunch.server.app", "mlxlaunch.server.chat_completions", "mlxlaunch.server.responses"}
+    ),
+]
+
+
+def _module_name(path: str) -> tuple[str, list[str]]:
+    """The dotted module name of a file path ("mlxlaunch/store/__init__.py": mlxlaunch.store),
+    and its path parts as imported_names wants them."""
+    parts = path.removesuffix(".py").split("/")
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts), parts
+
+
+def _named_imports(tree: ast.AST, module: str, is_package: bool, modules: set[str]) -> set[str]:
+    """Modules imported by name at run time rather than by a statement: the `mlxlaunch.cli.<m>`
+    of each `LazyCommand` (cli/lazy_group.py), and each submodule that a package importing on
+    first use (PEP 562 `__getattr__` with importlib) names in a string."""
+    lazy_package = is_package and any(
+        isinstance(node, ast.Attribute) and node.attr == "import_module" for node in ast.walk(tree)
+    )
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "LazyCommand":
+            keywords = [k.value for k in node.keywords if k.arg == "module"]
+            for arg in [*node.args[1:2], *keywords]:
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                    found.add(f"mlxlaunch.cli.{arg.value}")
+        elif (
+            lazy_package
+            and isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and f"{module}.{node.value}" in modules
+        ):
+            found.add(f"{module}.{node.value}")
+    return found
+
+
+def module_import_graph(sources: dict[str, str]) -> dict[str, set[str]]:
+    """Module -> the modules among `sources` (file path -> text) it imports. Every import
+    counts, under `TYPE_CHECKING` or inside a function too: each is a dependency that a reader
+    (or mypy, or the first call) follows, and hiding one does not cut the circle."""
+    names = {path: _module_name(path) for path in sources}
+    modules = {module for module, _ in names.values()}
+    graph: dict[str, set[str]] = {}
+    for path, source in sources.items():
+        module, parts = names[path]
+        targets = set()
+        for _, name in imported_names(source, parts):
+            # `from a import b`: b is a module of its own, or a name defined in a
+            target = name if name in modules else name.rpartition(".")[0]
+            if target in modules:
+                targets.add(target)
+        tree = ast.parse(source)
+        targets |= _named_imports(tree, module, parts[-1] == "__init__", modules)
+        graph[module] = targets - {module}
+    return graph
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Nodes reached from `start` along one edge or more."""
+    seen: set[str] = set()
+    todo = list(graph.get(start, ()))
+    while todo:
+        node = todo.pop()
+        if node not in seen:
+            seen.add(node)
+            todo += graph.get(node, ())
+    return seen
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
+    """Each set of nodes that reach one another (a strongly connected part of two or more)."""
+    reach = {node: _reachable(graph, node) for node in graph}
+    circles = {
+        frozenset({node} | {other for other in reach[node] if node in reach[other]})
+        for node in graph
+        if node in reach[node]
+    }
+    return sorted(circles, key=sorted)
+
+
+def _a_path_round(graph: dict[str, set[str]], circle: frozenset[str]) -> str:
+    path = find_cycle({node: graph[node] & circle for node in circle}) or sorted(circle)
+    return " -> ".join(path)
+
+
+def test_modules_import_no_circles() -> None:
+    sources = {f.relative_to(PKG.parent).as_posix(): f.read_text() for f in _product_modules()}
+    graph = module_import_graph(sources)
+    circles = import_circles(graph)
+    new = [_a_path_round(graph, c) for c in circles if c not in KNOWN_CIRCLES]
+    assert not new, "modules import in a circle:\n" + "\n".join(new)
+    gone = [sorted(c) for c in KNOWN_CIRCLES if c not in circles]
+    assert not gone, f"no longer circles, take them out of KNOWN_CIRCLES: {gone}"
+
+
+def test_the_circle_rule_counts_hidden_and_named_imports() -> None:
+    sources = {
+        "mlxlaunch/__init__.py": "",
+        # behind TYPE_CHECKING one way, inside a function the other
+        "mlxlaunch/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+        "    from mlxlaunch.b import B\n",
+        "mlxlaunch/b.py": "def f():\n    from . import a\n",
+        # one way only: no circle; `thing` is a name in d, not a module
+        "mlxlaunch/c.py": "from mlxlaunch.d import thing\n",
+        "mlxlaunch/d.py": "import os\n",
+        # a command table names its modules; the command imports the table
+        "mlxlaunch/cli/__init__.py": "",
+        "mlxlaunch/cli/main.py": 'COMMANDS = (LazyCommand("x", "x_cmd", "x", "Do x."),)\n',
+        "mlxlaunch/cli/x_cmd.py": "from mlxlaunch.cli.main import COMMANDS\n",
+        # a package that imports on first use, and a submodule that imports the package
+        "mlxlaunch/pkg/__init__.py": "import importlib\n_HOMES = {'inner': ('name',)}\n"
+        "def __getattr__(n):\n    return importlib.import_module(f'{__name__}.inner')\n",
+        "mlxlaunch/pkg/inner.py": "import mlxlaunch.pkg\n",
+    }
+    graph = module_import_graph(sources)
+    assert graph["mlxlaunch.c"] == {"mlxlaunch.d"}
+    assert import_circles(graph) == [
+        frozenset({"mlxlaunch.a", "mlxlaunch.b"}),
+        frozenset({"mlxlaunch.cli.main", "mlxlaunch.cli.x_cmd"}),
+        frozenset({"mlxlaunch.pkg", "mlxlaunch.pkg.inner"}),
+    ]
+    assert _a_path_round(graph, frozenset({"mlxlaunch.a", "mlxlaunch.b"})) == (
+        "mlxlaunch.a -> mlxlaunch.b -> mlxlaunch.a"
+    )
+
+
 def test_other_rooms_import_only_the_engines_face() -> None:
     problems = []
     for f in _product_modules():
@@ -344,6 +485,39 @@ def test_modules_stay_small() -> None:
         if (n := f.read_text().count("\n")) > MAX_MODULE_LINES
     ]
     assert not big, big
+
+
+# Over this many lines a module says why in its docstring, in a paragraph that starts with
+# `SIZE_REASON` (one idea that cannot be cut without passing its state around, say).
+EXPLAINED_MODULE_LINES = 600
+SIZE_REASON = "Why over 600 lines:"
+# A module another branch of issue 30 splits or explains (the serving path); the lead empties
+# this list when it merges.
+KNOWN_UNEXPLAINED = {"cluster/preflight.py"}
+
+
+def unexplained_size(source: str, limit: int = EXPLAINED_MODULE_LINES) -> bool:
+    """Whether a module's `source` is over `limit` lines without saying why in its docstring."""
+    if source.count("\n") <= limit:
+        return False
+    docstring = ast.get_docstring(ast.parse(source)) or ""
+    return not any(p.startswith(SIZE_REASON) for p in docstring.split("\n\n"))
+
+
+def test_big_modules_say_why() -> None:
+    unexplained = {
+        f.relative_to(PKG).as_posix() for f in _product_modules() if unexplained_size(f.read_text())
+    }
+    assert unexplained <= KNOWN_UNEXPLAINED, sorted(unexplained - KNOWN_UNEXPLAINED)
+    assert all((PKG / path).is_file() for path in KNOWN_UNEXPLAINED)
+
+
+def test_the_size_rule_wants_a_reason_only_over_the_limit() -> None:
+    body = "x = 1\n" * 5
+    assert not unexplained_size(f'"""Short."""\n{body}', limit=10)
+    assert unexplained_size(f'"""Long."""\n{body * 3}', limit=10)
+    explained = f'"""Long.\n\n{SIZE_REASON} one class, one state."""\n{body * 3}'
+    assert not unexplained_size(explained, limit=10)
 
 
 # --- testing/: needed at run time by `--model demo` only ----------------------------------

@@ -9,11 +9,11 @@ import math
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import mlx.core as mx
 import pytest
-from engine_helpers import collect
+from engine_helpers import LogitsRecorder, collect, recording_hook
 from local_store import quantized_files, write_hub_repo
 
 from mlxlaunch.cli.main import main
@@ -336,32 +336,16 @@ def _variant(root: Path, name: str, generation_config: str | None) -> Path:
     return path
 
 
-class ContextProbe:
-    """A logits processor that keeps the sequence's tokens and the first step's logits."""
-
-    def __init__(self) -> None:
-        self.tokens: list[int] = []
-        self.first_logsumexp: float | None = None
-
-    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
-        if self.first_logsumexp is None:
-            self.first_logsumexp = cast(float, mx.logsumexp(logits).item())
-        self.tokens = cast(list[int], tokens.tolist())
-        return logits
-
-
 @pytest.fixture
-def probes() -> list[ContextProbe]:
+def probes() -> list[LogitsRecorder]:
     return []
 
 
 @pytest.fixture
-def engine_on(probes: list[ContextProbe]) -> Iterator[Any]:
+def engine_on(probes: list[LogitsRecorder]) -> Iterator[Any]:
     engines: list[Engine] = []
 
-    def hook(request: GenerationRequest, tokenizer: Any) -> list[ContextProbe]:
-        probes.append(ContextProbe())
-        return [probes[-1]]
+    hook = recording_hook(probes)
 
     def make(path: Path) -> Engine:
         engines.append(Engine(EngineConfig(model=str(path), logits_hook=hook)))
@@ -373,7 +357,7 @@ def engine_on(probes: list[ContextProbe]) -> Iterator[Any]:
 
 
 async def _generate(
-    engine: Engine, probes: list[ContextProbe], sampling: Sampling
+    engine: Engine, probes: list[LogitsRecorder], sampling: Sampling
 ) -> tuple[list[int], float | None]:
     """The tokens of one request (prompt and output) and its first step's logsumexp."""
     request = GenerationRequest(
@@ -381,12 +365,12 @@ async def _generate(
     )
     events = await collect(engine.submit(request))
     assert isinstance(events[-1], Done)
-    return probes[-1].tokens, probes[-1].first_logsumexp
+    return probes[-1].context, probes[-1].first_logsumexp
 
 
 @pytest.mark.slow
 async def test_without_defaults_sampling_varies(
-    model_root: Path, engine_on: Any, probes: list[ContextProbe]
+    model_root: Path, engine_on: Any, probes: list[LogitsRecorder]
 ) -> None:
     engine = engine_on(model_root)
     first, _ = await _generate(engine, probes, Sampling())
@@ -396,7 +380,7 @@ async def test_without_defaults_sampling_varies(
 
 @pytest.mark.slow
 async def test_a_models_top_k_1_makes_sampling_greedy(
-    model_root: Path, engine_on: Any, probes: list[ContextProbe]
+    model_root: Path, engine_on: Any, probes: list[LogitsRecorder]
 ) -> None:
     engine = engine_on(_variant(model_root, "top-k-1", '{"do_sample": true, "top_k": 1}'))
     greedy, _ = await _generate(engine, probes, Sampling(temperature=0.0))
@@ -411,7 +395,7 @@ async def test_a_models_top_k_1_makes_sampling_greedy(
 
 @pytest.mark.slow
 async def test_a_models_min_p_and_penalty_reach_the_batch(
-    model_root: Path, engine_on: Any, probes: list[ContextProbe]
+    model_root: Path, engine_on: Any, probes: list[LogitsRecorder]
 ) -> None:
     plain = engine_on(model_root)
     _, plain_logits = await _generate(plain, probes, Sampling(temperature=0.0))
@@ -428,7 +412,7 @@ async def test_a_models_min_p_and_penalty_reach_the_batch(
 
 @pytest.mark.slow
 async def test_a_corrupt_generation_config_does_not_stop_loading(
-    model_root: Path, engine_on: Any, probes: list[ContextProbe], caplog: pytest.LogCaptureFixture
+    model_root: Path, engine_on: Any, probes: list[LogitsRecorder], caplog: pytest.LogCaptureFixture
 ) -> None:
     path = _variant(model_root, "corrupt", '{"temperature": 0.6, "top_k": ')
     with caplog.at_level(logging.WARNING, logger="mlxlaunch.store.generation_config"):

@@ -8,13 +8,12 @@ import json
 import logging
 import os
 import stat
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from cli_process import run_mlx
 
 from mlxlaunch.engine.cache.disk import DiskCache, model_identity
 from mlxlaunch.engine.config import EngineConfig
@@ -90,17 +89,8 @@ def _launch(world: Path, *claude_args: str, model: Path) -> tuple[dict, list[Pat
         HF_HUB_CACHE=str(world / "hub"),
         FAKE_CLAUDE_REPORT=str(report),
     )
-    mlx = [sys.executable, "-c", "from mlxlaunch.cli.main import entry; entry()"]
     launch = ["launch", "claude", "--claude-bin", str(claude), "--model", str(model)]
-    done = subprocess.run(
-        [*mlx, *launch, "--", *claude_args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-        check=False,
-    )
+    done = run_mlx([*launch, "--", *claude_args], env)
     assert done.returncode == 0, done.stderr
     seen = json.loads(report.read_text())
     assert seen["env"]["ANTHROPIC_AUTH_TOKEN"] not in done.stdout + done.stderr

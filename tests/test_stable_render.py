@@ -13,13 +13,13 @@ the newest message.
 from __future__ import annotations
 
 import datetime
-import json
 import typing
 from pathlib import Path
 from typing import Any
 
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from template_tokenizer import TemplateTokenizer
 
 from mlxlaunch.cli.scheduler_options import RENDER_MODES as CLI_RENDER_MODES
 from mlxlaunch.engine.config import RENDER_MODES, EngineConfig, RenderMode
@@ -39,40 +39,6 @@ from mlxlaunch.engine.prompt.stable import (
 )
 from mlxlaunch.engine.types import ChatMessage, GenerationRequest, ToolCallRecord, ToolSpec
 from mlxlaunch.launch.serving import EngineOptions
-
-# --- a tokenizer double: a chat template applied the way transformers applies it ---------
-
-
-class TemplateTokenizer:
-    """Only what the renderer uses of a tokenizer. Like transformers: `trim_blocks` and
-    `lstrip_blocks`, a `strftime_now` global (here on a settable clock), extra keyword
-    arguments in the render context, and `chat_template=` to render another template text."""
-
-    def __init__(self, chat_template: str, today: datetime.date | None = None) -> None:
-        self.chat_template = chat_template
-        self.today = today or datetime.date.today()
-        self.renders = 0
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["strftime_now"] = lambda format: self.today.strftime(format)
-        env.filters["tojson"] = lambda value, **kwargs: json.dumps(value, **kwargs)
-        self._env = env
-
-    def apply_chat_template(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
-        add_generation_prompt: bool = False,
-        tokenize: bool = False,
-        chat_template: str | None = None,
-        **kwargs: Any,
-    ) -> str:
-        assert not tokenize
-        self.renders += 1
-        template = self._env.from_string(chat_template or self.chat_template)
-        return template.render(
-            messages=messages, tools=tools, add_generation_prompt=add_generation_prompt, **kwargs
-        )
-
 
 # --- the templates ----------------------------------------------------------------------
 

@@ -16,17 +16,14 @@ from pathlib import Path
 import anthropic
 import httpx
 import pytest
-from engine_helpers import FakeClock
+from engine_helpers import FakeClock, serve
 from rich.text import Text
 from textual.widgets import Static
 
 from mlxlaunch.dash.app import DashApp
 from mlxlaunch.dash.feed import ServerAddress
-from mlxlaunch.engine.config import EngineConfig
-from mlxlaunch.engine.engine import Engine
 from mlxlaunch.engine.stats import RATE_WINDOW_S, StatsBook
-from mlxlaunch.server.app import ServerSettings
-from mlxlaunch.server.runner import ServerHandle, start_server
+from mlxlaunch.server.runner import ServerHandle
 
 TOKEN = "rates-token"
 WAIT_S = 30.0  # a hang, not a measurement
@@ -73,15 +70,9 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def server(tiny_model_dir: Path, clock: FakeClock) -> Iterator[ServerHandle]:
-    config = EngineConfig(model=str(tiny_model_dir), clock=clock, idle_clear_s=None)
-    engine = Engine(config)
-    engine.start()
-    handle = start_server(engine, ServerSettings(auth_token=TOKEN))
-    try:
-        yield handle
-    finally:
-        handle.stop(timeout=2)
-        engine.close()
+    config = {"clock": clock, "idle_clear_s": None}
+    with serve(tiny_model_dir, token=TOKEN, scripted=False, **config) as served:
+        yield served.server
 
 
 def _stats(server: ServerHandle) -> dict[str, float]:

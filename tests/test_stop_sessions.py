@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cli_process import run_quietly
 from test_launch_cli import _mlx_on_a_terminal
 from test_ps_stop import _state
 
@@ -68,15 +69,7 @@ def test_with_yes_or_without_a_terminal_nothing_is_asked_and_it_still_says_so(
     launch_record: tuple[subprocess.Popen[bytes], dict[str, str]],
 ) -> None:
     process, env = launch_record
-    done = subprocess.run(
-        [sys.executable, "-m", "mlxlaunch", "stop", str(process.pid)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-        check=False,
-    )
+    done = run_quietly([sys.executable, "-m", "mlxlaunch", "stop", str(process.pid)], env, 60)
     said = " ".join(done.stderr.split())
     assert done.returncode == 0 and "?" not in said, said
     assert f"stopped {process.pid} (launch, demo)" in said and "session on it has ended" in said

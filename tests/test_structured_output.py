@@ -13,10 +13,9 @@ import anthropic
 import httpx
 import jsonschema
 import pytest
+from engine_helpers import messages_tool, serve
 
-from mlxlaunch.engine.config import EngineConfig
-from mlxlaunch.engine.engine import Engine
-from mlxlaunch.server.runner import ServerHandle, start_server
+from mlxlaunch.server.runner import ServerHandle
 
 pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model
 
@@ -74,41 +73,25 @@ SCHEMAS: list[dict[str, Any]] = [
     },
 ]
 GENERATIONS = 50
-SEARCH_TOOL = {
-    "name": "search",
-    "description": "Search the web",
-    "input_schema": {
-        "type": "object",
-        "properties": {
-            "query": {"type": "string", "maxLength": 10},
-            "limit": {"type": "integer", "minimum": 1, "maximum": 9},
-        },
-        "required": ["query", "limit"],
-        "additionalProperties": False,
+SEARCH_TOOL = messages_tool(
+    "search",
+    "Search the web",
+    {
+        "query": {"type": "string", "maxLength": 10},
+        "limit": {"type": "integer", "minimum": 1, "maximum": 9},
     },
-}
-READ_TOOL = {
-    "name": "read",
-    "description": "Read a file",
-    "input_schema": {
-        "type": "object",
-        "properties": {"path": {"enum": ["a.txt", "b.txt"]}},
-        "required": ["path"],
-        "additionalProperties": False,  # else extra keys of any length are allowed too
-    },
-}
+    closed=True,
+)
+# Closed: else extra keys of any length are allowed too.
+READ_TOOL = messages_tool(
+    "read", "Read a file", {"path": {"enum": ["a.txt", "b.txt"]}}, closed=True
+)
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir: Path) -> Iterator[ServerHandle]:
-    engine = Engine(EngineConfig(model=str(tiny_model_dir), max_concurrency=4))
-    engine.start()
-    handle = start_server(engine)
-    try:
-        yield handle
-    finally:
-        handle.stop()
-        engine.close()
+    with serve(tiny_model_dir, scripted=False, max_concurrency=4) as served:
+        yield served.server
 
 
 def _post(server: ServerHandle, body: dict[str, Any]) -> dict[str, Any]:

@@ -13,27 +13,20 @@ from typing import Any
 import anthropic
 import jsonschema
 import pytest
-from mlx_lm.tokenizer_utils import load as load_tokenizer
+from engine_helpers import Served, messages_tool, serve
 
-from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.decoding.tool_grammar import supported_families
-from mlxlaunch.engine.engine import Engine
-from mlxlaunch.server.runner import ServerHandle, start_server
 from mlxlaunch.testing.builder import build_model
-from mlxlaunch.testing.scripted import ScriptedOutput
 from mlxlaunch.testing.templates import TEMPLATE_FAMILIES
 
 pytestmark = pytest.mark.slow  # every test here builds, loads or serves a model
 
-WEATHER_TOOL: dict[str, Any] = {
-    "name": "get_weather",
-    "description": "Weather forecast for a city",
-    "input_schema": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-        "required": ["city"],
-    },
-}
+WEATHER_TOOL = messages_tool(
+    "get_weather",
+    "Weather forecast for a city",
+    {"city": {"type": "string"}, "days": {"type": "integer"}},
+    required=["city"],
+)
 ARGUMENTS = {"city": "Paris", "days": 3}
 
 # family -> the tool call as that family's models write it (arguments = ARGUMENTS)
@@ -72,17 +65,11 @@ def test_every_template_family_has_a_scripted_call() -> None:
     assert set(MARKUP) == set(TEMPLATE_FAMILIES)
 
 
-@dataclass
-class FamilyServer:
-    family: str
-    engine: Engine
-    server: ServerHandle
-    scripted: ScriptedOutput
-    tokenizer: Any
+@dataclass(kw_only=True)
+class FamilyServer(Served):
+    """A served tiny model with the chat template of `family`."""
 
-    @property
-    def client(self) -> Any:  # the SDK, untyped: tests send loose dicts
-        return anthropic.Anthropic(base_url=self.server.url, api_key="x", max_retries=0)
+    family: str
 
 
 @pytest.fixture(scope="module", params=sorted(MARKUP))
@@ -91,20 +78,12 @@ def family_server(
 ) -> Iterator[FamilyServer]:
     family = str(request.param)
     model_dir = build_model(tmp_path_factory.mktemp(family), "tiny", template=family)
-    tokenizer = load_tokenizer(Path(model_dir))
-    assert tokenizer.tool_parser is not None
-    assert (
-        tokenizer.tool_parser.__module__.rsplit(".", 1)[-1] == TEMPLATE_FAMILIES[family].tool_parser
-    )
-    scripted = ScriptedOutput()
-    engine = Engine(EngineConfig(model=str(model_dir), logits_hook=scripted, max_concurrency=2))
-    engine.start()
-    server = start_server(engine)
-    try:
-        yield FamilyServer(family, engine, server, scripted, tokenizer)
-    finally:
-        server.stop()
-        engine.close()
+    with serve(Path(model_dir), max_concurrency=2) as s:
+        served = FamilyServer(s.engine, s.server, s.scripted, None, Path(model_dir), family=family)
+        parser = served.tokenizer.tool_parser
+        assert parser is not None
+        assert parser.__module__.rsplit(".", 1)[-1] == TEMPLATE_FAMILIES[family].tool_parser
+        yield served
 
 
 def split_tokens(tokenizer: Any, text: str) -> list[int]:
@@ -174,19 +153,15 @@ def test_markup_is_text_when_tool_choice_is_none(family_server: FamilyServer) ->
     assert message.stop_reason == "end_turn"
 
 
-BOUNDED_TOOL = {
-    "name": "get_weather",
-    "description": "Weather forecast for a city",
-    "input_schema": {
-        "type": "object",
-        "properties": {
-            "city": {"type": "string", "maxLength": 8},
-            "days": {"type": "integer", "minimum": 1, "maximum": 7},
-        },
-        "required": ["city", "days"],
-        "additionalProperties": False,
+BOUNDED_TOOL = messages_tool(
+    "get_weather",
+    "Weather forecast for a city",
+    {
+        "city": {"type": "string", "maxLength": 8},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
     },
-}
+    closed=True,
+)
 
 
 def test_forced_tool_choice_in_the_family_syntax(family_server: FamilyServer) -> None:

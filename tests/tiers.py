@@ -31,7 +31,7 @@ TIERS = (SLOW, QUICK)
 QUICK_TIER = f"not {SLOW}"
 
 # Session fixtures of conftest.py that build the test models.
-MODEL_FIXTURES = frozenset({"tiny_model_dir", "small_model_dir"})
+MODEL_FIXTURES = frozenset({"tiny_model_dir", "small_model_dir", "medium_model_dir"})
 # The other ways a test gets a model: build one, or start `mlx` serving one in a process.
 # tests/test_markers.py checks that each still exists, so a rename cannot hide a slow test.
 MODEL_BUILDERS = frozenset(

@@ -31,12 +31,11 @@ from mlxlaunch.bench.inprocess import InProcessModel
 from mlxlaunch.bench.machine import describe_machine, describe_model
 from mlxlaunch.bench.peer import PeerFailed
 from mlxlaunch.bench.plan import BenchPlan, build_plan
+from mlxlaunch.bench.progress import ProgressSink, SilentProgress
 from mlxlaunch.bench.ranks import RankRun, overhead_note, rank_runs, sub_cluster
 from mlxlaunch.bench.report import build_report
 from mlxlaunch.bench.restart import ServeProcess, measure_restart
 from mlxlaunch.bench.runner import (
-    ProgressSink,
-    SilentProgress,
     limit_steps,
     measure_limits,
     measure_servers,

@@ -28,16 +28,14 @@ import time
 from collections.abc import Callable, Sequence
 from functools import cache
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 
 from mlxlaunch.bench.clients import StreamTiming, content_arrived, timed_stream
+from mlxlaunch.bench.progress import ProgressSink
 from mlxlaunch.bench.wire import TEMPERATURE
 from mlxlaunch.bench.workloads import tool_result_text
-
-if TYPE_CHECKING:  # the runner imports the plan, which builds this workload's requests
-    from mlxlaunch.bench.runner import ProgressSink
 
 CAPTURES = ("codex_0.171.0_request_0.json", "codex_0.171.0_request_1.json")
 CODEX_VERSION = "0.171.0"

@@ -22,11 +22,10 @@ from mlxlaunch.bench.machine import describe_machine, describe_model
 from mlxlaunch.bench.ours import OURS_NAME, LocalServer, start_local_server
 from mlxlaunch.bench.peer import PEER_NAME, PeerFailed, PeerServer
 from mlxlaunch.bench.plan import build_plan
+from mlxlaunch.bench.progress import ProgressSink, SilentProgress
 from mlxlaunch.bench.report import build_report
 from mlxlaunch.bench.restart import restart_both
 from mlxlaunch.bench.runner import (
-    ProgressSink,
-    SilentProgress,
     limit_steps,
     measure_limits,
     measure_servers,

@@ -11,34 +11,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from mlxlaunch.bench.clients import StreamTiming, Target
 from mlxlaunch.bench.config import BenchConfig
 from mlxlaunch.bench.inprocess import InProcessModel
 from mlxlaunch.bench.plan import BenchPlan
+from mlxlaunch.bench.progress import ProgressSink
 from mlxlaunch.bench.stats import decode_rate, intervals, summarize, throughput
 from mlxlaunch.bench.workloads import Conversation, short_chat
 
 T = TypeVar("T")
-
-
-class ProgressSink(Protocol):
-    """Where a run reports its progress (the CLI draws a bar; tests pass `SilentProgress`)."""
-
-    def begin(self, description: str, steps: int) -> None: ...
-
-    def advance(self) -> None: ...
-
-
-class SilentProgress:
-    """A ProgressSink that shows nothing."""
-
-    def begin(self, description: str, steps: int) -> None:
-        """Start a phase of `steps` steps."""
-
-    def advance(self) -> None:
-        """One step done."""
 
 
 def limit_steps(config: BenchConfig) -> int:

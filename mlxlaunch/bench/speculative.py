@@ -42,7 +42,8 @@ from mlxlaunch.bench.clients import AnthropicTarget, OpenAITarget, Target
 from mlxlaunch.bench.config import BenchConfig
 from mlxlaunch.bench.ours import OURS_NAME, LocalServer, start_local_server
 from mlxlaunch.bench.peer import PEER_DRAFT_NAME, PeerFailed, PeerServer
-from mlxlaunch.bench.runner import ProgressSink, alternate, measure_streams, order_of
+from mlxlaunch.bench.progress import ProgressSink
+from mlxlaunch.bench.runner import alternate, measure_streams, order_of
 from mlxlaunch.bench.workloads import Conversation, file_rewrite, short_chat
 from mlxlaunch.errors import MlxLaunchError
 from mlxlaunch.launch.models import copy_model_text, resolve_name

@@ -26,7 +26,8 @@ from typing import Any
 from mlxlaunch.bench.clients import AnthropicTarget, OpenAITarget, Target
 from mlxlaunch.bench.ours import OURS_NAME, LocalServer, start_local_server
 from mlxlaunch.bench.peer import PEER_NAME, PeerFailed, PeerServer
-from mlxlaunch.bench.runner import ProgressSink, alternate
+from mlxlaunch.bench.progress import ProgressSink
+from mlxlaunch.bench.runner import alternate
 from mlxlaunch.bench.workloads import LoopTurn, short_chat
 from mlxlaunch.launch.models import build_real_template_model, test_model_sizes
 

@@ -11,14 +11,12 @@ thinking span.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from e2e.claude_cli import CLAUDE_CODE_VERSION, claude_cache_dir, install_real_claude
+from e2e.launching import MLX, launch_argv, launch_env, run_launch
 from scripted_mlx import scripted_mlx_command, write_script
 
 from mlxlaunch.testing.demo import DEMO_FILE_TEXT
@@ -27,17 +25,7 @@ from mlxlaunch.testing.demo import DEMO_FILE_TEXT
 # Code round trip through `mlx launch claude`, where npm can install it. The rest: `slow`.
 pytestmark = pytest.mark.e2e
 
-MLX = [sys.executable, "-c", "from mlxlaunch.cli.main import entry; entry()"]
 REQUEST_LINE = re.compile(r"mlxlaunch\.server: msg_\w+ .* status=200")
-
-
-@pytest.fixture(scope="session")
-def real_claude() -> Path:
-    """The pinned Claude Code, installed once per machine with npm."""
-    binary = install_real_claude(claude_cache_dir())
-    if binary is None:
-        pytest.skip(f"npm is not installed: cannot install Claude Code {CLAUDE_CODE_VERSION}")
-    return binary
 
 
 def _launch(
@@ -51,40 +39,24 @@ def _launch(
     are the scripted replies (None: the model's own, e.g. the demo's)."""
     work = tmp_path / "work"
     work.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CLAUDE_"))}
-    env.update(
-        HOME=str(tmp_path / "user"),  # Claude Code's own files stay out of the real home
-        CLAUDE_CONFIG_DIR=str(tmp_path / "user" / ".claude"),
-        MLXLAUNCH_HOME=str(tmp_path / "mlx"),
-        MLXLAUNCH_CONFIG_DIR=str(tmp_path / "mlx-config"),
-    )
     mlx = MLX
     if outputs is not None:
         mlx = scripted_mlx_command(write_script(tmp_path / "script.json", outputs))
-    done = subprocess.run(
-        [
-            *mlx,
-            "launch",
+    done, log = run_launch(
+        launch_argv(
+            mlx,
             "claude",
-            "--model",
-            str(model),
-            "--claude-bin",
-            str(claude),
+            model,
+            claude,
+            claude_args,
             *(["--env", "CLAUDE_CODE_MAX_OUTPUT_TOKENS=64"] if outputs is not None else []),
-            "--",
-            *claude_args,
-        ],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
+        ),
+        work,
+        launch_env(tmp_path),
         timeout=240,
-        stdin=subprocess.DEVNULL,
-        check=False,
     )
-    logs = list((tmp_path / "mlx" / "logs").glob("launch-*.log"))
-    assert len(logs) == 1, done.stderr
-    return done, logs[0].read_text()
+    assert log, done.stderr
+    return done, log
 
 
 @pytest.mark.slow

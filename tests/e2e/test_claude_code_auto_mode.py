@@ -26,12 +26,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e.claude_cli import CLAUDE_CODE_VERSION, claude_cache_dir, install_real_claude
+from engine_helpers import serve
 
-from mlxlaunch.engine.config import EngineConfig
-from mlxlaunch.engine.engine import Engine
-from mlxlaunch.server.app import ServerSettings
-from mlxlaunch.server.runner import ServerHandle, start_server
+from mlxlaunch.server.runner import ServerHandle
 from mlxlaunch.testing.scripted import ScriptedOutput
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -49,27 +46,12 @@ ANSI = re.compile(
 )
 
 
-@pytest.fixture(scope="module")
-def real_claude() -> Path:
-    """The pinned Claude Code, installed once per machine with npm."""
-    binary = install_real_claude(claude_cache_dir())
-    if binary is None:
-        pytest.skip(f"npm is not installed: cannot install Claude Code {CLAUDE_CODE_VERSION}")
-    return binary
-
-
 @pytest.fixture  # one per test: each starts with an empty script queue
 def served(small_model_dir: Path) -> Iterator[tuple[ServerHandle, ScriptedOutput]]:
-    scripted = ScriptedOutput()
-    engine = Engine(EngineConfig(model=str(small_model_dir), logits_hook=scripted))
-    engine.start()
     # The test model is far under the size the check needs by default: judge anyway.
-    server = start_server(engine, ServerSettings(auth_token=TOKEN, safeguards_min_parameters=0))
-    try:
-        yield server, scripted
-    finally:
-        server.stop()
-        engine.close()
+    settings = {"safeguards_min_parameters": 0}
+    with serve(small_model_dir, token=TOKEN, settings=settings) as server:
+        yield server.server, server.scripted
 
 
 def verdict(outcome: str, explanation: str) -> str:
@@ -140,40 +122,37 @@ def squeeze(screen: bytes | str) -> str:
     return re.sub(r"\s+", "", ANSI.sub(b"", raw).decode("utf-8", errors="replace"))
 
 
-def test_an_allowed_command_runs_without_the_cant_check_dialog(
+@pytest.mark.parametrize(
+    ("judged", "runs"),
+    [
+        (("not_flagged", "The user asked to run this script."), True),
+        (("flagged", "Runs code the user did not ask for."), False),
+    ],
+    ids=["allowed-runs-without-the-cant-check-dialog", "flagged-is-blocked"],
+)
+def test_the_servers_verdict_decides_and_no_cant_check_dialog_shows(
     tmp_path: Path,
     real_claude: Path,
     served: tuple[ServerHandle, ScriptedOutput],
     caplog: pytest.LogCaptureFixture,
+    judged: tuple[str, str],
+    runs: bool,
 ) -> None:
+    """Claude Code in auto mode runs the script's command; the server's safety check says
+    `judged` (outcome, explanation)."""
     server, scripted = served
     scripted.enqueue(text=TOOL_TURN)
-    scripted.enqueue(text=verdict("not_flagged", "The user asked to run this script."))
+    scripted.enqueue(text=verdict(*judged))
     for _ in range(3):
         scripted.enqueue(text=f"</think>\n\n{FINAL}")
     with caplog.at_level(logging.INFO, logger="mlxlaunch.server"):
         screen = run_on_pty(real_claude, tmp_path, server.url, "run the script", until=FINAL)
-    assert (tmp_path / "work" / "out.txt").read_text().strip() == "42", screen[-3000:]
-    assert NO_CHECK not in squeeze(screen), screen[-3000:]
-    assert "auto mode on" in screen
     checks = [r.getMessage() for r in caplog.records if "safety check:" in r.getMessage()]
-    assert checks and "calls=1 flagged=0" in checks[0], checks
-
-
-def test_a_flagged_command_is_blocked_by_the_servers_verdict(
-    tmp_path: Path,
-    real_claude: Path,
-    served: tuple[ServerHandle, ScriptedOutput],
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    server, scripted = served
-    scripted.enqueue(text=TOOL_TURN)
-    scripted.enqueue(text=verdict("flagged", "Runs code the user did not ask for."))
-    for _ in range(3):
-        scripted.enqueue(text=f"</think>\n\n{FINAL}")
-    with caplog.at_level(logging.INFO, logger="mlxlaunch.server"):
-        screen = run_on_pty(real_claude, tmp_path, server.url, "run the script", until=FINAL)
-    assert not (tmp_path / "work" / "out.txt").exists(), screen[-3000:]
+    out = tmp_path / "work" / "out.txt"
+    if runs:
+        assert out.read_text().strip() == "42", screen[-3000:]
+        assert "auto mode on" in screen
+    else:
+        assert not out.exists(), screen[-3000:]
     assert NO_CHECK not in squeeze(screen), screen[-3000:]
-    checks = [r.getMessage() for r in caplog.records if "safety check:" in r.getMessage()]
-    assert checks and "calls=1 flagged=1" in checks[0], checks
+    assert checks and f"calls=1 flagged={int(not runs)}" in checks[0], checks

@@ -9,13 +9,12 @@ the lockstep between the ranks, the prefix cache on both and the server all run 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
-from e2e.claude_cli import CLAUDE_CODE_VERSION, claude_cache_dir, install_real_claude
+from e2e.launching import launch_argv, launch_env, run_launch
 from scripted_mlx import scripted_mlx_command, write_script
 
 from mlxlaunch.testing import ensure_test_model
@@ -23,14 +22,6 @@ from mlxlaunch.testing import ensure_test_model
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 HOSTS = "127.0.0.1,127.0.0.1"
-
-
-@pytest.fixture(scope="module")
-def real_claude() -> Path:
-    binary = install_real_claude(claude_cache_dir())
-    if binary is None:
-        pytest.skip(f"npm is not installed: cannot install Claude Code {CLAUDE_CODE_VERSION}")
-    return binary
 
 
 def rank_processes(marker: str) -> list[str]:
@@ -51,42 +42,19 @@ def test_tool_round_trip_on_two_ranks(tmp_path: Path, real_claude: Path) -> None
     script = write_script(tmp_path / "script.json", [tool_turn] + [f"</think>\n\n{final}"] * 2)
     work = tmp_path / "work"
     work.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "CLAUDE_"))}
-    env.update(
-        HOME=str(tmp_path / "user"),
-        CLAUDE_CONFIG_DIR=str(tmp_path / "user" / ".claude"),
-        MLXLAUNCH_HOME=str(tmp_path / "mlx"),
-        MLXLAUNCH_CONFIG_DIR=str(tmp_path / "mlx-config"),
-    )
-    done = subprocess.run(
-        [
-            *scripted_mlx_command(script),
-            "launch",
+    done, log = run_launch(
+        launch_argv(
+            scripted_mlx_command(script),
             "claude",
-            "--model",
             "tiny-moe",
-            "--hosts",
-            HOSTS,
-            "--claude-bin",
-            str(real_claude),
-            "--env",
-            "CLAUDE_CODE_MAX_OUTPUT_TOKENS=64",
-            "--",
-            "-p",
-            "write the file",
-            "--allowedTools",
-            "Bash",
-        ],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
+            real_claude,
+            ["-p", "write the file", "--allowedTools", "Bash"],
+            *("--hosts", HOSTS, "--env", "CLAUDE_CODE_MAX_OUTPUT_TOKENS=64"),
+        ),
+        work,
+        launch_env(tmp_path),
         timeout=300,
-        stdin=subprocess.DEVNULL,
-        check=False,
     )
-    logs = list((tmp_path / "mlx" / "logs").glob("launch-*.log"))
-    log = logs[0].read_text() if logs else ""
     assert done.returncode == 0, done.stdout + done.stderr + log
     assert (work / "made.txt").read_text().strip() == "made-on-a-cluster"
     assert final in done.stdout

@@ -10,63 +10,19 @@ Codex asks for reasoning summaries, so the test model thinks: each reply closes 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
-from e2e.claude_cli import claude_cache_dir
+from e2e.launching import launch_argv, launch_env, run_launch
 from scripted_mlx import scripted_mlx_command, write_script
-
-from mlxlaunch.launch.agent_bin import install_agent, pinned_binary
-from mlxlaunch.launch.codex_config import CODEX_VERSION
-from mlxlaunch.launch.integrations import CODEX, Integration
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 RESPONSE_LINE = re.compile(
     r"mlxlaunch\.server: resp_\w+ .* prompt=(\d+) cached=(\d+) .* status=200"
 )
-
-
-def agent_prefix(agent: Integration) -> Path:
-    """Where tests keep an agent's pinned npm install, shared across runs."""
-    return claude_cache_dir().parent / "npm-agents" / agent.name / agent.release.version
-
-
-def install_pinned(agent: Integration) -> Path | None:
-    """The pinned release, installed once per machine by the product's installer; None: no npm."""
-    binary = pinned_binary(agent, agent_prefix(agent))
-    if binary.exists():
-        return binary
-    if subprocess.run(["which", "npm"], capture_output=True, check=False).returncode != 0:
-        return None
-    return install_agent(agent, agent_prefix(agent), timeout=900)
-
-
-@pytest.fixture(scope="session")
-def real_codex() -> Path:
-    binary = install_pinned(CODEX)
-    if binary is None:
-        pytest.skip(f"npm is not installed: cannot install Codex {CODEX_VERSION}")
-    return binary
-
-
-def launch_env(tmp_path: Path) -> dict[str, str]:
-    """The environment of a user with a fresh home and no provider settings of their own."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("ANTHROPIC_", "CLAUDE_", "OPENAI_", "CODEX_", "OPENCODE"))
-    }
-    env.update(
-        HOME=str(tmp_path / "user"),
-        MLXLAUNCH_HOME=str(tmp_path / "mlx"),
-        MLXLAUNCH_CONFIG_DIR=str(tmp_path / "mlx-config"),
-        PWD=str(tmp_path / "work"),  # opencode takes its directory from $PWD, as shells set it
-    )
-    return env
 
 
 def test_codex_exec_runs_a_shell_tool_round_trip(
@@ -82,29 +38,10 @@ def test_codex_exec_runs_a_shell_tool_round_trip(
     tool_turn = f"</think>\n\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
     final = "The proof file is written."
     script = write_script(tmp_path / "script.json", [tool_turn] + [f"</think>\n\n{final}"] * 3)
-    done = subprocess.run(
-        [
-            *scripted_mlx_command(script),
-            "launch",
-            "codex",
-            "--model",
-            str(small_model_dir),
-            "--codex-bin",
-            str(real_codex),
-            "--",
-            "exec",
-            "write the proof file",
-        ],
-        cwd=work,
-        env=launch_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=420,
-        stdin=subprocess.DEVNULL,
-        check=False,
-    )
-    logs = list((tmp_path / "mlx" / "logs").glob("launch-*.log"))
-    log = logs[0].read_text() if logs else ""
+    words = ["exec", "write the proof file"]
+    mlx = scripted_mlx_command(script)
+    argv = launch_argv(mlx, "codex", small_model_dir, real_codex, words)
+    done, log = run_launch(argv, work, launch_env(tmp_path), timeout=420)
     assert done.returncode == 0, done.stdout + done.stderr + log
     assert (work / "proof.txt").read_text().strip() == "codex-proof", done.stderr + log
     assert final in done.stdout + done.stderr

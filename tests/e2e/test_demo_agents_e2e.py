@@ -9,8 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from e2e.test_codex import launch_env, real_codex  # noqa: F401  (fixture)
-from e2e.test_opencode import real_opencode  # noqa: F401  (fixture)
+from e2e.launching import launch_argv, launch_env, run_launch
 
 from mlxlaunch.testing.demo import DEMO_FILE_TEXT
 
@@ -24,29 +23,20 @@ def _launch(tmp_path: Path, agent: str, binary: Path, words: list[str]) -> tuple
     work.mkdir()
     (tmp_path / "user").mkdir()
     subprocess.run(["git", "init", "-q", str(work)], check=True)  # codex exec's own rule
-    done = subprocess.run(
-        [*MLX, "launch", agent, "--model", "demo", f"--{agent}-bin", str(binary), "--", *words],
-        cwd=work,
-        env=launch_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=420,
-        stdin=subprocess.DEVNULL,
-        check=False,
-    )
-    logs = list((tmp_path / "mlx" / "logs").glob("launch-*.log"))
-    said = done.stdout + done.stderr + (logs[0].read_text() if logs else "")
+    argv = launch_argv(MLX, agent, "demo", binary, words)
+    done, log = run_launch(argv, work, launch_env(tmp_path), timeout=420)
+    said = done.stdout + done.stderr + log
     assert done.returncode == 0, said
     return said, work
 
 
-def test_codex_exec_on_the_demo_runs_exec_command(tmp_path: Path, real_codex: Path) -> None:  # noqa: F811
+def test_codex_exec_on_the_demo_runs_exec_command(tmp_path: Path, real_codex: Path) -> None:
     said, work = _launch(tmp_path, "codex", real_codex, ["exec", "create the file proof.txt"])
     assert (work / "proof.txt").read_text().strip() == DEMO_FILE_TEXT, said
     assert "The exec_command call ran" in said, said
 
 
-def test_opencode_run_on_the_demo_runs_bash(tmp_path: Path, real_opencode: Path) -> None:  # noqa: F811
+def test_opencode_run_on_the_demo_runs_bash(tmp_path: Path, real_opencode: Path) -> None:
     said, work = _launch(tmp_path, "opencode", real_opencode, ["run", "create the file proof.txt"])
     assert (work / "proof.txt").read_text().strip() == DEMO_FILE_TEXT, said
     assert "The bash call ran" in said, said

@@ -10,27 +10,15 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
-from e2e.test_codex import install_pinned, launch_env
+from e2e.launching import launch_argv, launch_env, run_launch
 from scripted_mlx import scripted_mlx_command, write_script
-
-from mlxlaunch.launch.integrations import OPENCODE
-from mlxlaunch.launch.opencode_config import OPENCODE_VERSION
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 CHAT_LINE = re.compile(r"mlxlaunch\.server: chatcmpl-?\w+ .*status=200")
-
-
-@pytest.fixture(scope="session")
-def real_opencode() -> Path:
-    binary = install_pinned(OPENCODE)
-    if binary is None:
-        pytest.skip(f"npm is not installed: cannot install opencode {OPENCODE_VERSION}")
-    return binary
 
 
 def test_opencode_run_runs_a_bash_tool_round_trip(
@@ -50,29 +38,10 @@ def test_opencode_run_runs_a_bash_tool_round_trip(
     script = write_script(
         tmp_path / "script.json", [tool_turn] + [final] * 4, untooled=["Proof file"]
     )
-    done = subprocess.run(
-        [
-            *scripted_mlx_command(script),
-            "launch",
-            "opencode",
-            "--model",
-            str(small_model_dir),
-            "--opencode-bin",
-            str(real_opencode),
-            "--",
-            "run",
-            "write the proof file",
-        ],
-        cwd=work,
-        env=launch_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=420,
-        stdin=subprocess.DEVNULL,
-        check=False,
-    )
-    logs = list((tmp_path / "mlx" / "logs").glob("launch-*.log"))
-    log = logs[0].read_text() if logs else ""
+    words = ["run", "write the proof file"]
+    mlx = scripted_mlx_command(script)
+    argv = launch_argv(mlx, "opencode", small_model_dir, real_opencode, words)
+    done, log = run_launch(argv, work, launch_env(tmp_path), timeout=420)
     assert done.returncode == 0, done.stdout + done.stderr + log
     assert (work / "proof.txt").read_text().strip() == "opencode-proof", (
         done.stdout + done.stderr + log

@@ -7,15 +7,10 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from mlxlaunch.engine.config import EngineConfig
-from mlxlaunch.engine.engine import Engine
-from mlxlaunch.server.runner import ServerHandle, start_server
-from mlxlaunch.testing.scripted import ScriptedOutput
+from engine_helpers import Served
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -75,23 +70,10 @@ def sdk_dir() -> Path:
     return where
 
 
-@pytest.fixture(scope="module")
-def served(tiny_model_dir: Path) -> Iterator[tuple[ServerHandle, ScriptedOutput]]:
-    scripted = ScriptedOutput()
-    engine = Engine(EngineConfig(model=str(tiny_model_dir), logits_hook=scripted))
-    engine.start()
-    server = start_server(engine)
-    try:
-        yield server, scripted
-    finally:
-        server.stop()
-        engine.close()
-
-
 def test_the_ts_tool_runner_completes_a_tool_loop_over_a_thread(
-    sdk_dir: Path, served: tuple[ServerHandle, ScriptedOutput]
+    sdk_dir: Path, served: Served
 ) -> None:
-    server, scripted = served
+    server, scripted = served.server, served.scripted  # the shared served fixture
     scripted.enqueue("Let me look." + CALL)
     scripted.enqueue("Sunny in Paris.")
     script = sdk_dir / "tool_runner.mjs"

@@ -16,32 +16,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import TYPE_CHECKING, Literal
 
 from mlxlaunch.engine.prompt.system_turns import fold_system_turns
+from mlxlaunch.engine.prompt.template_modes import (
+    ReasoningTextCall,
+    TemplateBehaviour,
+    TextAfterResults,
+    TextWithCall,
+)
 from mlxlaunch.engine.tool_ids import IdStyle, family_tool_id
 from mlxlaunch.engine.types import ChatMessage, ToolCallRecord
 
-if TYPE_CHECKING:
-    from mlxlaunch.engine.prompt.template_behaviour import TemplateBehaviour
-
 JOIN = "\n\n"
-
-# Several calls in one assistant turn: "as_is", or "split" into one call per assistant turn,
-# each followed by its own result (the shape of harmony's and Llama 3's own multi-call turns).
-ParallelCalls = Literal["as_is", "split"]
-# Text before a call in one assistant turn (no reasoning): "as_is"; "split" into a text turn
-# and a call turn; "into_reasoning" (the text becomes the turn's reasoning); "dropped" (nothing
-# renders it: left as is, the template drops the text).
-TextWithCall = Literal["as_is", "split", "into_reasoning", "dropped"]
-# Reasoning, text and a call in one turn: "as_is"; "text_into_reasoning" (gpt-oss refuses both
-# `content` and `thinking` beside a call: the text joins the reasoning); "drop_reasoning" (the
-# turn is then rendered as text with a call; also where the template shows no reasoning).
-ReasoningTextCall = Literal["as_is", "text_into_reasoning", "drop_reasoning"]
-# A user turn that carries tool results and then text: "as_is" (tool messages, then a user
-# message) or "into_tool_result" (the text joins the last result: Mistral templates refuse a
-# user message right after tool results).
-TextAfterResults = Literal["as_is", "into_tool_result"]
 
 
 def adapt_conversation(

@@ -31,7 +31,8 @@ from mlxlaunch.engine.prompt.incremental import IncrementalTokenizer
 from mlxlaunch.engine.prompt.prompt_size import too_long_at_least
 from mlxlaunch.engine.prompt.render_date import clock_arguments
 from mlxlaunch.engine.prompt.stable import StableRenderer
-from mlxlaunch.engine.prompt.template_behaviour import TemplateBehaviour, probe_template
+from mlxlaunch.engine.prompt.template_behaviour import probe_template
+from mlxlaunch.engine.prompt.template_modes import TemplateBehaviour
 from mlxlaunch.engine.prompt.template_shape import message_to_template, tool_to_template
 from mlxlaunch.engine.prompt.tool_definitions import tool_section, with_tool_section
 from mlxlaunch.engine.types import ChatMessage, GenerationRequest, PromptTooLong

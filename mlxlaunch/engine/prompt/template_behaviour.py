@@ -16,20 +16,22 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from mlxlaunch.engine.prompt.conversation import (
-    ParallelCalls,
-    ReasoningTextCall,
-    TextAfterResults,
-    TextWithCall,
     place_text_after_results,
     place_text_with_calls,
     split_parallel_calls,
 )
 from mlxlaunch.engine.prompt.system_turns import renders_system_turns
+from mlxlaunch.engine.prompt.template_modes import (
+    ParallelCalls,
+    ReasoningTextCall,
+    TemplateBehaviour,
+    TextAfterResults,
+    TextWithCall,
+)
 from mlxlaunch.engine.prompt.template_shape import (
     REASONING_FIELDS,
     ReasoningField,
@@ -58,55 +60,6 @@ _ID_STYLES: tuple[IdStyle, ...] = ("any", "alnum9", "functions_index")
 # A reasoning mark that shows up next to these was printed as a Python or JSON dict (a
 # template that stringifies a content list), not rendered.
 _BLOCK_REPRS = ("'thinking'", '"thinking"', "'type'")
-
-
-@dataclass(frozen=True)
-class TemplateBehaviour:
-    """What a chat template renders faithfully, and the rewrite chosen for what it does not.
-
-    Attributes:
-        calls_rendered: the template renders tool calls and results (else they go in as
-            text, `conversation.calls_as_text`).
-        id_style: the tool-call id form rendered (the dialect's, or the first form the
-            template accepts when the dialect has none).
-        ids_rendered: the template writes call ids into the prompt at all.
-        reasoning_field: where an assistant turn's reasoning goes.
-        reasoning_shown: the template shows reasoning from that field (in some turn).
-        system_turns: a system turn after a user turn renders in place.
-        consecutive_users: two user turns in a row both render.
-        parallel_calls: how a turn with several calls is rendered.
-        text_with_call: how a turn with text and a call (no reasoning) is rendered.
-        reasoning_text_call: how a turn with reasoning, text and a call is rendered.
-        text_after_results: how a user message right after tool results is rendered.
-        tools_rendered: the template shows the tool definitions it is given.
-        call_example: how the template writes `EXAMPLE_CALL` in an assistant turn (None: not
-            probed, or it cannot); for tool sections of templates that ignore tools.
-        empty_tools: the template fails without a tool list (it iterates `tools`, takes its
-            length): a request without tools gives it an empty list.
-        tools_accepted: False when the template fails whenever it is given tools (written
-            for a model without tool use): it gets none, and the tool definitions go into the
-            system prompt as for a template that ignores them.
-    """
-
-    calls_rendered: bool = True
-    id_style: IdStyle = "any"
-    ids_rendered: bool = False
-    reasoning_field: ReasoningField = "reasoning_content"
-    reasoning_shown: bool = True
-    system_turns: bool = True
-    consecutive_users: bool = True
-    parallel_calls: ParallelCalls = "as_is"
-    text_with_call: TextWithCall = "as_is"
-    reasoning_text_call: ReasoningTextCall = "as_is"
-    text_after_results: TextAfterResults = "as_is"
-    tools_rendered: bool = True
-    call_example: str | None = None
-    empty_tools: bool = False
-    tools_accepted: bool = True
-
-
-# The template's behaviour when nothing is known: render everything as it comes.
-FAITHFUL = TemplateBehaviour()
 
 
 def probe_template(render: Render, id_style: IdStyle = "any") -> TemplateBehaviour:

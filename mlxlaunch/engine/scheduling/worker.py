@@ -6,6 +6,11 @@ each job's `EventSink`. Generation runs on one `Batch` (batch.py), so requests d
 (several tokens per step where drafts are accepted: speculative decoding) and long prompts
 prefill in slices interleaved with decode steps, each slice sized to a share of the decode
 step's time (see `prefill_pacing`).
+
+Why over 600 lines: this is one class, the only writer of the thread's state (the queue, the
+batch, the loaded model, the cluster's lockstep), and every method reads that state between two
+steps. The parts that need none of it already live beside it (batch, job, prefill_pacing,
+prompt_caches, retention, lockstep); cutting the rest would pass the worker's fields around.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Engine lifetime details found in review: unloading gives the tokenizer back."""
+"""Engine lifetime: unloading gives the tokenizer back."""
 
 from __future__ import annotations
 

@@ -5,14 +5,14 @@ that is not local never triggers a download from inside the server")."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
 
 import httpx
 import pytest
-from deadlines import PROCESS_EXIT_S, PROCESS_START_S
+from cli_process import reaped, stop
+from deadlines import PROCESS_START_S
 from fakehub import TINY_REPO, FakeHub
 from test_serve_cli import _read_announcement, _start_serve
 
@@ -25,8 +25,7 @@ def test_a_pulled_repo_is_served_by_its_id_without_asking_the_hub(hub: FakeHub) 
     assert main(["models", "pull", TINY_REPO]) == 0
     asked_before = len(hub.requests)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "MLX_AUTH_TOKEN": "review-token-0123456789"}
-    proc = _start_serve(TINY_REPO, env)
-    try:
+    with reaped(_start_serve(TINY_REPO, env)) as proc:
         url, token, _ = _read_announcement(proc, time.monotonic() + PROCESS_START_S)
         assert token == "review-token-0123456789"
         body = {
@@ -39,12 +38,7 @@ def test_a_pulled_repo_is_served_by_its_id_without_asking_the_hub(hub: FakeHub) 
         assert response.json()["usage"]["output_tokens"] >= 1
         models = httpx.get(url + "/v1/models", headers={"x-api-key": token}).json()
         assert [m["id"] for m in models["data"]] == [TINY_REPO]  # the name it was served by
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=PROCESS_EXIT_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        err = stop(proc)
     assert proc.returncode == 0, err
     assert len(hub.requests) == asked_before, hub.requests[asked_before:]  # no hub traffic
 

@@ -1,4 +1,4 @@
-"""Review checks on a live server (tiny model, real socket): the captured Claude Code requests
+"""On a live server (tiny model, real socket): the captured Claude Code requests
 without streaming, their token counts, and what the request log says about refusals."""
 
 from __future__ import annotations
