@@ -236,11 +236,19 @@ def test_a_large_body_leaves_the_gil_to_other_threads() -> None:
     """json.loads held it 200 ms for 32 MiB: an event loop would have stopped that long."""
     body = json.dumps({"messages": [{"content": mixed_text(32 * 1024 * 1024 - 200)}]}).encode()
     expected = json.loads(body)  # the stall the piecewise parse must beat, on this machine
-    stall = gaps_while(lambda: json.loads(body))
     parsed: list[Any] = []
-    piecewise = gaps_while(lambda: parsed.append(load_request_json(body)))
+    tries: list[tuple[float, float]] = []
+    # On a busy machine the whole process can be descheduled for longer than either parse
+    # holds the GIL, which shows as a gap in both: a try passes when the piecewise parse let
+    # the other thread run clearly more often; one of three must.
+    for _ in range(3):
+        stall = gaps_while(lambda: json.loads(body))
+        piecewise = gaps_while(lambda: parsed.append(load_request_json(body)))
+        tries.append((piecewise, stall))
+        if piecewise < max(stall * 0.75, 0.05):
+            break
     assert parsed[0] == expected
-    assert piecewise < max(stall * 0.75, 0.05), (piecewise, stall)
+    assert any(piecewise < max(stall * 0.75, 0.05) for piecewise, stall in tries), tries
 
 
 def gaps_while(work: Any) -> float:
