@@ -19,6 +19,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
+from mlxlaunch.engine.runtime.quantized_kv import KVQuantization, head_dim
 from mlxlaunch.engine.types import GenerationFailed
 
 # Share of the memory limit the buffer cache (freed buffers kept for reuse) may hold.
@@ -73,8 +74,9 @@ def _dtype_bytes(model: Any) -> int:
     return 2
 
 
-def kv_bytes_per_token(model: Any) -> int:
-    """Estimated KV-cache bytes one token of context costs (0 when the model is unusual).
+def kv_bytes_per_token(model: Any, kv: KVQuantization | None = None) -> int:
+    """Estimated KV-cache bytes one token of context costs (0 when the model is unusual),
+    held as `kv` says (None: in the model's own dtype).
 
     Counts the model's plain KV caches (keys and values: kv_heads × head_dim each); other
     cache kinds (sliding windows, state-space layers) are bounded, so they are left out.
@@ -84,14 +86,13 @@ def kv_bytes_per_token(model: Any) -> int:
         return 0
     heads = getattr(args, "num_attention_heads", None)
     kv_heads = getattr(args, "num_key_value_heads", None) or heads
-    head_dim = getattr(args, "head_dim", None)
-    if head_dim is None and heads:
-        hidden = getattr(args, "hidden_size", None)
-        head_dim = hidden // heads if hidden else None
-    if not kv_heads or not head_dim:
+    dim = head_dim(model)
+    if not kv_heads or not dim:
         return 0
     layers = sum(isinstance(c, KVCache) for c in make_prompt_cache(model))
-    return int(layers * 2 * kv_heads * head_dim * _dtype_bytes(model))
+    dtype_bytes = _dtype_bytes(model)
+    per_value = dtype_bytes if kv is None else kv.bytes_per_value(dtype_bytes)
+    return int(layers * 2 * kv_heads * dim * per_value)
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,9 @@ from mlx.utils import tree_map
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
 
 from mlxlaunch.engine.runtime.row_cache import RowKVCache
+from mlxlaunch.engine.settings import KV_BITS
+from mlxlaunch.engine.settings import KV_GROUP_SIZES as GROUP_SIZES
 
-KV_BITS = (4, 8)
-GROUP_SIZES = (32, 64, 128)  # what mx.quantize accepts
 DEFAULT_GROUP_SIZE = 64
 
 
@@ -57,25 +57,41 @@ class KVQuantization:
         return self.bits / 8 + 2 * dtype_bytes / self.group_size
 
 
-def resolve(bits: int | None, group_size: int | None, head_dims: Sequence[int]) -> KVQuantization | None:
-    """The quantization for a model whose attention heads have `head_dims` (None: 16-bit).
+def resolve(
+    bits: int | None, group_size: int | None, head_dim: int | None
+) -> KVQuantization | None:
+    """The quantization for a model whose attention heads are `head_dim` wide (None: the
+    model's own precision; `head_dim` None: unknown, not checked).
 
-    Without a group size, the default where it divides every head dimension, else the largest
-    that does. Raises ValueError for a group size that does not divide one.
+    Without a group size: the default where it divides the head dimension, else the largest
+    that does. Raises ValueError for a group size that does not divide it.
     """
     if bits is None:
         return None
     if group_size is None:
-        fitting = [g for g in GROUP_SIZES if all(d % g == 0 for d in head_dims)]
+        fitting = [g for g in GROUP_SIZES if head_dim is None or head_dim % g == 0]
         if not fitting:
-            raise ValueError(f"no kv group size divides the head dimension {min(head_dims)}")
+            raise ValueError(
+                f"no kv group size ({', '.join(map(str, GROUP_SIZES))}) divides "
+                f"the model's head dimension {head_dim}"
+            )
         group_size = DEFAULT_GROUP_SIZE if DEFAULT_GROUP_SIZE in fitting else max(fitting)
-    bad = [d for d in head_dims if d % group_size]
-    if bad:
+    if head_dim is not None and head_dim % group_size:
         raise ValueError(
-            f"kv group size {group_size} does not divide the model's head dimension {bad[0]}"
+            f"kv group size {group_size} does not divide the model's head dimension {head_dim}"
         )
     return KVQuantization(bits, group_size)
+
+
+def head_dim(model: Any) -> int | None:
+    """The width of `model`'s attention heads, from its arguments (None: it does not say)."""
+    args = getattr(model, "args", None)
+    dim = getattr(args, "head_dim", None)
+    heads = getattr(args, "num_attention_heads", None)
+    hidden = getattr(args, "hidden_size", None)
+    if dim is None and heads and hidden:
+        dim = hidden // heads
+    return int(dim) if isinstance(dim, int) and dim > 0 else None
 
 
 def new_caches(model: Any, kv: KVQuantization | None) -> list[Any]:
@@ -84,18 +100,8 @@ def new_caches(model: Any, kv: KVQuantization | None) -> list[Any]:
     if kv is None:
         return caches
     return [
-        QuantizedSequenceCache(kv.group_size, kv.bits) if type(c) is KVCache else c
-        for c in caches
+        QuantizedSequenceCache(kv.group_size, kv.bits) if type(c) is KVCache else c for c in caches
     ]
-
-
-def head_dims(model: Any) -> list[int]:
-    """The key and value head dimensions of `model`'s plain KV layers (one forward token)."""
-    caches = list(make_prompt_cache(model))
-    model(mx.array([[0]]), cache=caches)
-    dims = {int(c.keys.shape[-1]) for c in caches if type(c) is KVCache and c.keys is not None}
-    dims |= {int(c.values.shape[-1]) for c in caches if type(c) is KVCache and c.values is not None}
-    return sorted(dims)
 
 
 def is_quantized(cache: Any) -> bool:
@@ -106,7 +112,10 @@ class QuantizedSequenceCache(QuantizedKVCache):
     """One sequence's quantized KV (mlx-lm's layout), which mlx-lm's prompt batch can merge.
 
     Its state holds exactly its `offset` positions (mlx-lm's quantized cache would hand its
-    whole buffer, spare room included, to whoever saves it)."""
+    whole buffer, spare room included, to whoever saves it). Saved to disk as mlx-lm's class,
+    whose layout it keeps (`adopted` turns a loaded one back into this)."""
+
+    SAVED_AS = "QuantizedKVCache"
 
     @property
     def state(self) -> tuple[Any, ...]:
@@ -128,12 +137,20 @@ class QuantizedSequenceCache(QuantizedKVCache):
     def merge(cls, caches: list[Any]) -> QuantizedRowKVCache:
         return QuantizedRowKVCache.of_sequences(caches)
 
-    @classmethod
-    def adopt(cls, cache: QuantizedKVCache) -> QuantizedSequenceCache:
-        """An mlx-lm quantized cache (a loaded disk entry) as one of these (no copy)."""
-        mine = cls(cache.group_size, cache.bits)
-        mine.keys, mine.values, mine.offset = cache.keys, cache.values, cache.offset
-        return mine
+
+def adopted(caches: list[Any]) -> list[Any]:
+    """Loaded caches with mlx-lm's quantized ones as `QuantizedSequenceCache` (no copy)."""
+    out = []
+    for cache in caches:
+        if type(cache) is QuantizedKVCache:
+            mine = QuantizedSequenceCache(int(cache.group_size), int(cache.bits))
+            keys: Any = cache.keys
+            values: Any = cache.values
+            mine.keys, mine.values = tuple(keys), tuple(values)  # type: ignore[assignment]
+            mine.offset = int(cache.offset)
+            cache = mine
+        out.append(cache)
+    return out
 
 
 class QuantizedRowKVCache(RowKVCache):
@@ -176,7 +193,9 @@ class QuantizedRowKVCache(RowKVCache):
             if cache.keys is None:
                 continue
 
-            def put(buffer: mx.array, part: mx.array, i: int = i, pad: int = pad, n: int = n):
+            def put(
+                buffer: mx.array, part: mx.array, i: int = i, pad: int = pad, n: int = n
+            ) -> mx.array:
                 buffer[i : i + 1, :, pad:, :] = part[..., :n, :]
                 return buffer
 

@@ -37,7 +37,8 @@ Buffers = Any  # one layer's keys (or values): an array, or a tuple of arrays (q
 
 
 def _leaves(tree: Buffers) -> list[mx.array]:
-    return [leaf for _, leaf in tree_flatten(tree)]
+    flat: Any = tree_flatten(tree)
+    return [leaf for _, leaf in flat]
 
 
 def _write(buffer: mx.array, new: mx.array, row: int | None, start: int) -> mx.array:
@@ -74,7 +75,7 @@ class RowKVCache(BatchKVCache):
         self.values: mx.array | None = None  # type: ignore[assignment]
         self.lefts = list(lefts)
         self.ends = list(ends)
-        self._right_padding = None
+        self._right_padding: list[int] | None = None  # type: ignore[assignment]
         self._sync()
 
     # --- construction ---------------------------------------------------------------------
@@ -118,15 +119,10 @@ class RowKVCache(BatchKVCache):
         self._reserve(keys, values, max(self.ends) + n)
         assert self.keys is not None and self.values is not None
         if self.aligned:
-            start = self.ends[0]
-            self.keys = tree_map(lambda b, x: _write(b, x, None, start), self.keys, keys)
-            self.values = tree_map(lambda b, x: _write(b, x, None, start), self.values, values)
+            self._put(keys, values, None, self.ends[0])
         else:  # one slice per row (a scatter costs more here, measured)
             for row, start in enumerate(self.ends):
-                self.keys = tree_map(lambda b, x: _write(b, x, row, start), self.keys, keys)
-                self.values = tree_map(
-                    lambda b, x: _write(b, x, row, start), self.values, values
-                )
+                self._put(keys, values, row, start)
         self.ends = [e + n for e in self.ends]
         self.offset = self.offset + n
         self._idx = max(self.ends)
@@ -135,6 +131,13 @@ class RowKVCache(BatchKVCache):
             tree_map(lambda b: b[..., :used, :], self.keys),
             tree_map(lambda b: b[..., :used, :], self.values),
         )
+
+    def _put(self, keys: Buffers, values: Buffers, row: int | None, start: int) -> None:
+        def write(buffer: mx.array, new: mx.array) -> mx.array:
+            return _write(buffer, new, row, start)
+
+        self.keys = tree_map(write, self.keys, keys)
+        self.values = tree_map(write, self.values, values)
 
     def _encode(self, x: mx.array) -> Buffers:
         """New keys or values as the buffers hold them (here: as they are)."""
@@ -255,8 +258,8 @@ class RowKVCache(BatchKVCache):
             rows.append((keys, values))
             lefts += [left + shift for left in part.lefts]
             ends += [e + shift for e in part.ends]
-        self.keys = tree_map(lambda *parts: mx.concatenate(parts), *[k for k, _ in rows])
-        self.values = tree_map(lambda *parts: mx.concatenate(parts), *[v for _, v in rows])
+        self.keys = tree_map(lambda *parts: mx.concatenate(list(parts)), *[k for k, _ in rows])
+        self.values = tree_map(lambda *parts: mx.concatenate(list(parts)), *[v for _, v in rows])
         self.lefts, self.ends = lefts, ends
         self._sync()
 

@@ -557,6 +557,7 @@ class Worker:
         self.renderer.warm(restored)  # the first prompt that continues one: incremental
         warm_up_loaded(  # MLX's first-pass set-up now, not in the first request's TTFT
             loaded.base_model,
+            kv=loaded.kv,
             width=self.config.max_concurrency,
             prefill_chunk=self.config.prefill_chunk,
             # What a request that sets nothing samples with, compiled now.
@@ -568,6 +569,7 @@ class Worker:
             ),
         )
         self.stats.model = loaded.info.id
+        self.stats.kv_bits = loaded.kv.bits if loaded.kv is not None else 16
         self.stats.state = "loaded"
 
     def _require_loaded(self) -> LoadedModel:
@@ -630,7 +632,7 @@ class Worker:
             return None
         limits = apply_memory_limits(fraction)
         self.stats.memory_limit_bytes = limits.limit
-        per_token = kv_bytes_per_token(loaded.base_model)
+        per_token = kv_bytes_per_token(loaded.base_model, loaded.kv)
         return MemoryBudget(limits.limit, int(mx.get_active_memory()), per_token)
 
     def _sweep(self) -> None:
@@ -657,3 +659,5 @@ class Worker:
             self._memory_polled_at = now
             self.stats.memory_active_bytes = int(mx.get_active_memory())
             self.stats.memory_cache_bytes = int(mx.get_cache_memory())
+            batch = self._generator
+            self.stats.kv_running_bytes = batch.kv_bytes() if batch is not None else 0
