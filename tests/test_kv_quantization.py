@@ -28,6 +28,7 @@ from mlxlaunch.engine.cache.blocks import BlockTrie
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.decoding.drafting import PromptLookup
 from mlxlaunch.engine.engine import Engine
+from mlxlaunch.engine.runtime.memory import MemoryBudget, kv_bytes_per_token, window_that_fits
 from mlxlaunch.engine.runtime.quantized_kv import (
     KVQuantization,
     QuantizedSequenceCache,
@@ -37,6 +38,7 @@ from mlxlaunch.engine.runtime.quantized_kv import (
 from mlxlaunch.engine.scheduling.batch import Batch
 
 GROUP = 32  # the in-memory model's heads are 32 wide
+KV_SET = (None, 8, 4)  # unquantized, 8 and 4 bits
 
 
 @pytest.fixture(scope="module")
@@ -213,3 +215,20 @@ async def test_disk_entries_are_keyed_by_the_kv_setting(
     assert len(saved_files(tmp_path)) == 4  # its own entry, in a directory of its own
     assert await restored(8) == 1 and await restored(None) == 1
     assert await restored(4) == 0  # other bits
+
+
+def test_the_served_window_is_what_memory_holds_at_the_chosen_bits(model: Any) -> None:
+    per_token = {bits: kv_bytes_per_token(model, resolve(bits, GROUP, 32)) for bits in KV_SET}
+    # float32: 4 bytes a value; 8 bits: 1 byte and 8 bytes of scale and bias per 32 values.
+    assert per_token[None] == 2 * 2 * 2 * 32 * 4  # layers x keys and values x heads x dims
+    assert per_token[8] == per_token[None] * 1.25 / 4
+    assert per_token[4] == per_token[None] * 0.75 / 4
+    free = 1000 * per_token[None]
+    windows = {
+        bits: window_that_fits(40_960, MemoryBudget(free + 10, 10, per_token[bits]), None)
+        for bits in KV_SET
+    }
+    assert windows == {None: 1000, 8: 3200, 4: 5333}
+    assert window_that_fits(2048, MemoryBudget(free + 10, 10, per_token[8]), None) == 2048
+    assert window_that_fits(40_960, MemoryBudget(0, 10, per_token[8]), None) == 40_960  # unknown
+    assert window_that_fits(40_960, MemoryBudget(free + 10, 10, per_token[None]), None, 2) == 2000

@@ -30,7 +30,12 @@ from mlxlaunch.engine.prompt.render import PromptRenderer
 from mlxlaunch.engine.prompt.render_date import pinned_render_date
 from mlxlaunch.engine.runtime import cpu_attention, freed_memory
 from mlxlaunch.engine.runtime.loader import LoadedModel, load_model
-from mlxlaunch.engine.runtime.memory import MemoryBudget, apply_memory_limits, kv_bytes_per_token
+from mlxlaunch.engine.runtime.memory import (
+    MemoryBudget,
+    apply_memory_limits,
+    kv_bytes_per_token,
+    window_that_fits,
+)
 from mlxlaunch.engine.runtime.mlx_thread import run_on_mlx_thread
 from mlxlaunch.engine.scheduling.batch import Batch, Counters, greedy, make_batch
 from mlxlaunch.engine.scheduling.job import Job, OutputStream, batched_delivery
@@ -543,6 +548,10 @@ class Worker:
         self.loaded = loaded
         cpu_attention.install(loaded.base_model)  # the CPU backend's, before the model runs
         self._memory = self._memory_budget(loaded)
+        # No longer a window than this machine holds the KV of (what clients are told).
+        shards = self.config.cluster.group.size if self.config.cluster else 1
+        window = window_that_fits(loaded.info.context_window, self._memory, loaded.kv, shards)
+        loaded.info = replace(loaded.info, context_window=window)
         prefix = self._caches.open(loaded)
         disk = prefix.disk if prefix is not None else None
         self.renderer = PromptRenderer(
