@@ -13,6 +13,7 @@ import mlx.nn as nn
 
 from mlxlaunch.engine.settings import DEFAULT_CACHE_DISK, KV_BITS, KV_GROUP_SIZES, parse_size
 from mlxlaunch.engine.types import GenerationRequest
+from mlxlaunch.store.memory import ENGINE_MEMORY_SHARE
 
 # A logits processor as mlx-lm calls it: (tokens so far, logits) -> logits.
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
@@ -135,7 +136,7 @@ class EngineConfig:
     idle_clear_s: float | None = 30.0
     keep_alive_s: float | None = None
     sweep_poll_s: float = 1.0
-    memory_fraction: float | None = 0.85
+    memory_fraction: float | None = ENGINE_MEMORY_SHARE
     dedupe: bool = True
     cache_memory_bytes: int | None = None
     cache_dir: Path | None = None

@@ -214,4 +214,7 @@ def _load(
             return asyncio.run(engine.load()).context_window
     if load == "background":
         warm_up_in_background(engine)  # the model and its cached prefixes, while the user types
-    return model.context_window(context_length)
+    config = engine.config
+    return model.context_window(
+        context_length, config.kv_bits, config.kv_group_size, config.memory_fraction
+    )

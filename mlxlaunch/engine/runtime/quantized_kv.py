@@ -29,8 +29,8 @@ from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
 from mlxlaunch.engine.runtime.row_cache import RowKVCache
 from mlxlaunch.engine.settings import KV_BITS
 from mlxlaunch.engine.settings import KV_GROUP_SIZES as GROUP_SIZES
-
-DEFAULT_GROUP_SIZE = 64
+from mlxlaunch.store.memory import DEFAULT_KV_GROUP_SIZE as DEFAULT_GROUP_SIZE
+from mlxlaunch.store.memory import kv_value_bytes
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class KVQuantization:
     def bytes_per_value(self, dtype_bytes: int) -> float:
         """Bytes one cached value costs: its packed bits, and its share of its group's scale
         and bias (stored in the activations' dtype)."""
-        return self.bits / 8 + 2 * dtype_bytes / self.group_size
+        return kv_value_bytes(self.bits, self.group_size, dtype_bytes)
 
 
 def resolve(
