@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from mlxlaunch.config import MIN_CONTEXT_LENGTH, check_context_length
-from mlxlaunch.engine.settings import parse_duration
+from mlxlaunch.engine.settings import KV_BITS, KV_GROUP_SIZES, parse_duration
 from mlxlaunch.store.dialects import DIALECTS, dialect_named
 
 DEFAULT_IDLE_CLEAR = "30s"
@@ -44,6 +44,60 @@ ContextLengthOption = Annotated[
         callback=_context_length,
         help=f"Context window to serve, in tokens (at least {MIN_CONTEXT_LENGTH}; "
         "default: the model's).",
+    ),
+]
+
+
+def _context_length_warned(value: int | None) -> int | None:
+    # `mlx serve` serves other clients too, and some use small windows: a warning only.
+    if value is not None and value < MIN_CONTEXT_LENGTH:
+        typer.echo(
+            f"warning: --context-length {value} is below {MIN_CONTEXT_LENGTH}: Claude Code's "
+            "system prompt and tools alone take ~15k tokens, so its requests will not fit",
+            err=True,
+        )
+    return value
+
+
+ServeContextLengthOption = Annotated[
+    int | None,
+    typer.Option(
+        "--context-length",
+        callback=_context_length_warned,
+        min=2,
+        help="Context window to serve, in tokens (default: the model's, capped by what "
+        f"memory holds; below {MIN_CONTEXT_LENGTH} Claude Code's requests do not fit).",
+    ),
+]
+
+
+def _kv_choice(choices: tuple[int, ...], flag: str) -> Callable[[int | None], int | None]:
+    def check(value: int | None) -> int | None:
+        if value is not None and value not in choices:
+            raise typer.BadParameter(f"{flag} {value}: one of {', '.join(map(str, choices))}")
+        return value
+
+    return check
+
+
+KvBitsOption = Annotated[
+    int | None,
+    typer.Option(
+        callback=_kv_choice(KV_BITS, "--kv-bits"),
+        metavar="[8|4]",
+        help="Hold the KV cache (running requests, prefix cache, saved prefixes) quantized to "
+        "8 or 4 bits: a longer session in the same memory (default: the model's precision).",
+        show_default=False,
+    ),
+]
+KvGroupSizeOption = Annotated[
+    int | None,
+    typer.Option(
+        callback=_kv_choice(KV_GROUP_SIZES, "--kv-group-size"),
+        metavar="[32|64|128]",
+        help="Values per quantization group with --kv-bits (default: 64, or what divides "
+        "the model's head size).",
+        show_default=False,
     ),
 ]
 MaxConcurrencyOption = Annotated[
