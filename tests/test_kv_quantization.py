@@ -232,3 +232,35 @@ def test_the_served_window_is_what_memory_holds_at_the_chosen_bits(model: Any) -
     assert window_that_fits(2048, MemoryBudget(free + 10, 10, per_token[8]), None) == 2048
     assert window_that_fits(40_960, MemoryBudget(0, 10, per_token[8]), None) == 40_960  # unknown
     assert window_that_fits(40_960, MemoryBudget(free + 10, 10, per_token[None]), None, 2) == 2000
+
+
+def test_every_rank_of_a_cluster_is_told_the_kv_setting() -> None:
+    from mlxlaunch.launch.cluster_commands import engine_fields
+    from mlxlaunch.launch.cluster_rank import RankSpec, _engine_fields
+    from mlxlaunch.launch.serving import EngineOptions
+
+    options = EngineOptions(kv_bits=4, kv_group_size=32)
+    spec = RankSpec(model="m", parallel="tensor", engine=engine_fields(options))
+    told = EngineOptions(**_engine_fields(RankSpec.decoded(spec.encoded()).engine))
+    config = EngineConfig(model="m", **told.config_arguments())
+    assert (config.kv_bits, config.kv_group_size) == (4, 32)
+
+
+def test_the_kv_figures_are_measured_at_every_precision(model: Any) -> None:
+    from mlxlaunch.bench.kv_figures import measure, report
+
+    figures = measure(model, prompt_tokens=96, decode=12)
+    print("\n" + report(figures, 64 << 20))
+    by_bits = {f.bits: f for f in figures}
+    assert set(by_bits) == {16, 8, 4}
+    unquantized = by_bits[16]
+    assert unquantized.agreement == 12 and unquantized.max_logit_error == 0.0
+    # float32 values, groups of 32: 4 bytes, against 1 + 8/32 and 0.5 + 8/32.
+    assert by_bits[8].bytes_per_token == unquantized.bytes_per_token * 1.25 / 4
+    assert by_bits[4].bytes_per_token == unquantized.bytes_per_token * 0.75 / 4
+    assert (
+        by_bits[4].tokens_in(64 << 20)
+        > by_bits[8].tokens_in(64 << 20)
+        > (unquantized.tokens_in(64 << 20))
+    )
+    assert 0 < by_bits[8].max_logit_error <= by_bits[4].max_logit_error
