@@ -11,6 +11,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import anthropic
@@ -104,13 +106,24 @@ def test_serve_demo_answers_and_stops(tmp_path: Path, stop_signal: signal.Signal
         httpx.get(url + "/health", timeout=5)
 
 
-@pytest.mark.slow
-def test_serve_with_8_bit_kv_and_a_small_window_answers_reuses_and_refuses_past_it() -> None:
+@contextmanager
+def _serving(model: str, *options: str) -> Iterator[subprocess.Popen[str]]:
+    """`mlx serve` of `model` with `options`, killed on the way out if still running."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("MLX_AUTH_TOKEN", None)
-    options = ("--kv-bits", "8", "--context-length", "4096", "--cache-disk", "0")
-    proc = _start_serve("tiny", env, None, *options)
+    proc = _start_serve(model, env, None, *options)
     try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.slow
+def test_serve_with_8_bit_kv_and_a_small_window_answers_reuses_and_refuses_past_it() -> None:
+    options = ("--kv-bits", "8", "--context-length", "4096", "--cache-disk", "0")
+    with _serving("tiny", *options) as proc:
         url, token, _ = _read_announcement(proc, time.monotonic() + PROCESS_START_S)
         sdk = anthropic.Anthropic(base_url=url, api_key=token, max_retries=0)
         messages: list[anthropic.types.MessageParam] = [
@@ -123,17 +136,13 @@ def test_serve_with_8_bit_kv_and_a_small_window_answers_reuses_and_refuses_past_
         stats = httpx.get(url + "/v1/stats", headers={"x-api-key": token}, timeout=10).json()
         assert stats["memory"]["kv_bits"] == 8
         assert stats["memory"]["kv_cache_bytes"] >= stats["cache"]["bytes"] > 0
-        with pytest.raises(
-            anthropic.BadRequestError, match=r"prompt is too long: \d+ tokens > 4096"
-        ):
-            sdk.messages.create(
-                model="m", max_tokens=4, messages=[{"role": "user", "content": "word " * 5000}]
-            )
+        too_long = r"prompt is too long: \d+ tokens > 4096"
+        with pytest.raises(anthropic.BadRequestError, match=too_long):
+            long_prompt: list[anthropic.types.MessageParam] = [
+                {"role": "user", "content": "word " * 5000}
+            ]
+            sdk.messages.create(model="m", max_tokens=4, messages=long_prompt)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=PROCESS_EXIT_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert proc.returncode == 0, err
     assert "--context-length 4096 is below 16384" in " ".join(err.split())  # warned, served

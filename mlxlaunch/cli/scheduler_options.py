@@ -7,7 +7,7 @@ value fails before a model loads.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -71,33 +71,34 @@ ServeContextLengthOption = Annotated[
 ]
 
 
-def _kv_choice(choices: tuple[int, ...], flag: str) -> Callable[[int | None], int | None]:
+def _kv_option(choices: tuple[int, ...], flag: str, text: str) -> Any:
+    """An option whose value is one of `choices` (None: not given)."""
+
     def check(value: int | None) -> int | None:
         if value is not None and value not in choices:
             raise typer.BadParameter(f"{flag} {value}: one of {', '.join(map(str, choices))}")
         return value
 
-    return check
+    metavar = f"[{'|'.join(map(str, choices))}]"
+    return typer.Option(callback=check, metavar=metavar, help=text, show_default=False)
 
 
 KvBitsOption = Annotated[
     int | None,
-    typer.Option(
-        callback=_kv_choice(KV_BITS, "--kv-bits"),
-        metavar="[8|4]",
-        help="Hold the KV cache (running requests, prefix cache, saved prefixes) quantized to "
-        "8 or 4 bits: a longer session in the same memory (default: the model's precision).",
-        show_default=False,
+    _kv_option(
+        KV_BITS,
+        "--kv-bits",
+        "Hold the KV cache (running requests, prefix cache, saved prefixes) quantized to 8 or "
+        "4 bits: a longer session in the same memory (default: the model's precision).",
     ),
 ]
 KvGroupSizeOption = Annotated[
     int | None,
-    typer.Option(
-        callback=_kv_choice(KV_GROUP_SIZES, "--kv-group-size"),
-        metavar="[32|64|128]",
-        help="Values per quantization group with --kv-bits (default: 64, or what divides "
-        "the model's head size).",
-        show_default=False,
+    _kv_option(
+        KV_GROUP_SIZES,
+        "--kv-group-size",
+        "Values per quantization group with --kv-bits (default: 64, or what divides the "
+        "model's head size).",
     ),
 ]
 MaxConcurrencyOption = Annotated[
