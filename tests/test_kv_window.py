@@ -9,7 +9,9 @@ tests/test_scheduler.py.
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
+import pytest
 from test_doctor import HEALTHY
 
 from mlxlaunch.cli.models import recommendation_json
@@ -87,3 +89,22 @@ def test_doctor_prints_the_window_each_model_gets_here() -> None:
         "holds all of its 262,144-token window"
         in {c.name: c for c in run_checks(roomy)}["model qwen3-coder"].detail
     )
+
+
+@pytest.mark.quick  # reads the tiny model's config.json (built once per session)
+def test_a_launch_that_loads_later_advertises_what_fits(tiny_model_dir: Path) -> None:
+    from mlxlaunch.launch.models import ChosenModel
+    from mlxlaunch.store.facts import read_config, weight_files
+    from mlxlaunch.store.memory import system_memory_bytes
+
+    chosen = ChosenModel("tiny", tiny_model_dir, "--model")
+    kv = kv_shape_of(read_config(tiny_model_dir))
+    assert kv is not None
+    weights = sum(f.stat().st_size for f in weight_files(tiny_model_dir))
+    room = weights + RUNTIME_OVERHEAD_BYTES + 3000 * kv.bytes_per_token(None)
+    share = (room + 1) / system_memory_bytes()  # memory for ~3,000 unquantized tokens
+    assert 2990 <= chosen.context_window(memory_share=share) <= 3000
+    eight = chosen.context_window(kv_bits=8, kv_group_size=32, memory_share=share)
+    assert eight == int(3000 * kv.bytes_per_token(None) / kv.bytes_per_token(8, 32))
+    assert chosen.context_window(memory_share=None) == 40_960  # the model's own, uncapped
+    assert chosen.context_window(2048, memory_share=share) == 2048  # a smaller override
