@@ -247,7 +247,7 @@ def test_every_rank_of_a_cluster_is_told_the_kv_setting() -> None:
 
 
 def test_the_kv_figures_are_measured_at_every_precision(model: Any) -> None:
-    from mlxlaunch.bench.kv_figures import measure, report
+    from mlxlaunch.engine.scheduling.kv_figures import measure, report
 
     figures = measure(model, prompt_tokens=96, decode=12)
     print("\n" + report(figures, 64 << 20))

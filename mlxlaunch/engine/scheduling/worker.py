@@ -668,5 +668,5 @@ class Worker:
             self._memory_polled_at = now
             self.stats.memory_active_bytes = int(mx.get_active_memory())
             self.stats.memory_cache_bytes = int(mx.get_cache_memory())
-            batch = self._generator
-            self.stats.kv_running_bytes = batch.kv_bytes() if batch is not None else 0
+        batch = self._generator  # every step: an idle engine reads 0 at once (no MLX call)
+        self.stats.kv_running_bytes = batch.kv_bytes() if batch is not None and len(batch) else 0

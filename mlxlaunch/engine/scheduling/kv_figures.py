@@ -1,6 +1,8 @@
 """What KV quantization (`--kv-bits`) costs and buys, measured on a model: figures, no verdicts.
 
-    python -m mlxlaunch.bench.kv_figures [--model medium] [--prompt 2048] [--decode 128]
+    python -m mlxlaunch.engine.scheduling.kv_figures --model DIR [--prompt 2048] [--decode 128]
+
+(DIR: a model directory; a test model's is printed by `mlx models info large --json`.)
 
 For unquantized, 8-bit and 4-bit KV: the bytes one token's KV takes, how long greedy decoding
 agrees with the unquantized KV (tokens until the first different token, with the reference
@@ -144,21 +146,14 @@ def report(figures: list[KVFigures], budget_bytes: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="medium", help="a test model name or a directory")
+    parser.add_argument("--model", required=True, help="a model directory")
     parser.add_argument("--prompt", type=int, default=2048, help="prompt tokens")
     parser.add_argument("--decode", type=int, default=128, help="greedy tokens compared")
     parser.add_argument("--budget-mib", type=int, default=64, help="memory for the KV")
     args = parser.parse_args(argv)
-    from pathlib import Path
-
     from mlx_lm import load
 
-    from mlxlaunch.testing.cache import ensure_test_model
-
-    path = Path(args.model)
-    if not path.exists():
-        path = ensure_test_model(args.model)
-    model = load(str(path))[0]
+    model = load(args.model)[0]
     tic = time.perf_counter()
     figures = measure(model, args.prompt, args.decode)
     print(report(figures, args.budget_mib * MIB))
