@@ -40,13 +40,13 @@ function __mlx_node --argument-names path what
             test $what = valued; and printf '%s\n' 
         case 'launch claude'
             test $what = children; and printf '%s\n' 
-            test $what = valued; and printf '%s\n' --model -m --small-model --port --context-length --max-output-tokens --keep-alive --max-concurrency --idle-clear --memory-fraction --cache-memory --cache-dir --cache-disk --tool-format --render --speculate --draft-model --hosts --hostfile --backend --parallel --claude-bin --env -e --url --token
+            test $what = valued; and printf '%s\n' --model -m --small-model --port --context-length --max-output-tokens --keep-alive --max-concurrency --idle-clear --memory-fraction --cache-memory --cache-dir --cache-disk --tool-format --render --speculate --draft-model --kv-bits --kv-group-size --hosts --hostfile --backend --parallel --claude-bin --env -e --url --token
         case 'launch codex'
             test $what = children; and printf '%s\n' 
-            test $what = valued; and printf '%s\n' --model -m --port --context-length --max-output-tokens --keep-alive --max-concurrency --idle-clear --memory-fraction --cache-memory --cache-dir --cache-disk --tool-format --render --speculate --draft-model --codex-bin --env -e --url --token --hosts --hostfile --backend --parallel
+            test $what = valued; and printf '%s\n' --model -m --port --context-length --max-output-tokens --keep-alive --max-concurrency --idle-clear --memory-fraction --cache-memory --cache-dir --cache-disk --tool-format --render --speculate --draft-model --kv-bits --kv-group-size --codex-bin --env -e --url --token --hosts --hostfile --backend --parallel
         case 'launch opencode'
             test $what = children; and printf '%s\n' 
-            test $what = valued; and printf '%s\n' --model -m --port --context-length --max-output-tokens --keep-alive --max-concurrency --idle-clear --memory-fraction --cache-memory --cache-dir --cache-disk --tool-format --render --speculate --draft-model --opencode-bin --env -e --url --token --hosts --hostfile --backend --parallel
+            test $what = valued; and printf '%s\n' --model -m --port --context-length --max-output-tokens --keep-alive --max-concurrency --idle-clear --memory-fraction --cache-memory --cache-dir --cache-disk --tool-format --render --speculate --draft-model --kv-bits --kv-group-size --opencode-bin --env -e --url --token --hosts --hostfile --backend --parallel
         case 'models'
             test $what = children; and printf '%s\n' add catalog info list pull recommend rm
             test $what = valued; and printf '%s\n' 
@@ -76,7 +76,7 @@ function __mlx_node --argument-names path what
             test $what = valued; and printf '%s\n' 
         case 'serve'
             test $what = children; and printf '%s\n' 
-            test $what = valued; and printf '%s\n' --model -m --host --port --auth-token --context-length --max-concurrency --idle-clear --keep-alive --memory-fraction --cache-memory --cache-dir --cache-disk --tool-format --render --speculate --draft-model --hosts --hostfile --backend --parallel --allow-origin
+            test $what = valued; and printf '%s\n' --model -m --host --port --auth-token --context-length --max-concurrency --idle-clear --keep-alive --memory-fraction --cache-memory --cache-dir --cache-disk --tool-format --render --speculate --draft-model --kv-bits --kv-group-size --hosts --hostfile --backend --parallel --allow-origin
         case 'stop'
             test $what = children; and printf '%s\n' 
             test $what = valued; and printf '%s\n' --timeout
@@ -196,6 +196,8 @@ complete -c mlx -n "__mlx_at 'launch claude'" -l tool-format -x -d 'The models t
 complete -c mlx -n "__mlx_at 'launch claude'" -l render -x -d 'Prompt rendering. stable: each prompt extends the previous one, so the'
 complete -c mlx -n "__mlx_at 'launch claude'" -l speculate -x -d 'Speculative decoding, verified in the batchs own forward pass (the out'
 complete -c mlx -n "__mlx_at 'launch claude'" -l draft-model -x -a '(__mlx_model_names)' -d 'A small model with the main models tokenizer whose greedy tokens are d'
+complete -c mlx -n "__mlx_at 'launch claude'" -l kv-bits -x -d 'Hold the KV cache (running requests, prefix cache, saved prefixes) qua'
+complete -c mlx -n "__mlx_at 'launch claude'" -l kv-group-size -x -d 'Values per quantization group with --kv-bits (default: 64, or what div'
 complete -c mlx -n "__mlx_at 'launch claude'" -l debug-cache -d 'Show the prompt text around each prefix-cache miss in /v1/stats, mlx d'
 complete -c mlx -n "__mlx_at 'launch claude'" -l safeguards -l no-safeguards -d 'Judge Claude Codes auto-mode safety check with the loaded model (model'
 complete -c mlx -n "__mlx_at 'launch claude'" -l preload -d 'Load the model before claude starts.'
@@ -228,6 +230,8 @@ complete -c mlx -n "__mlx_at 'launch codex'" -l tool-format -x -d 'The models to
 complete -c mlx -n "__mlx_at 'launch codex'" -l render -x -d 'Prompt rendering. stable: each prompt extends the previous one, so the'
 complete -c mlx -n "__mlx_at 'launch codex'" -l speculate -x -d 'Speculative decoding, verified in the batchs own forward pass (the out'
 complete -c mlx -n "__mlx_at 'launch codex'" -l draft-model -x -a '(__mlx_model_names)' -d 'A small model with the main models tokenizer whose greedy tokens are d'
+complete -c mlx -n "__mlx_at 'launch codex'" -l kv-bits -x -d 'Hold the KV cache (running requests, prefix cache, saved prefixes) qua'
+complete -c mlx -n "__mlx_at 'launch codex'" -l kv-group-size -x -d 'Values per quantization group with --kv-bits (default: 64, or what div'
 complete -c mlx -n "__mlx_at 'launch codex'" -l debug-cache -d 'Show the prompt text around each prefix-cache miss in /v1/stats, mlx d'
 complete -c mlx -n "__mlx_at 'launch codex'" -l preload -d 'Load the model before codex starts.'
 complete -c mlx -n "__mlx_at 'launch codex'" -l codex-bin -x -d 'The codex to run (default: on PATH, else the pinned one).'
@@ -259,6 +263,8 @@ complete -c mlx -n "__mlx_at 'launch opencode'" -l tool-format -x -d 'The models
 complete -c mlx -n "__mlx_at 'launch opencode'" -l render -x -d 'Prompt rendering. stable: each prompt extends the previous one, so the'
 complete -c mlx -n "__mlx_at 'launch opencode'" -l speculate -x -d 'Speculative decoding, verified in the batchs own forward pass (the out'
 complete -c mlx -n "__mlx_at 'launch opencode'" -l draft-model -x -a '(__mlx_model_names)' -d 'A small model with the main models tokenizer whose greedy tokens are d'
+complete -c mlx -n "__mlx_at 'launch opencode'" -l kv-bits -x -d 'Hold the KV cache (running requests, prefix cache, saved prefixes) qua'
+complete -c mlx -n "__mlx_at 'launch opencode'" -l kv-group-size -x -d 'Values per quantization group with --kv-bits (default: 64, or what div'
 complete -c mlx -n "__mlx_at 'launch opencode'" -l debug-cache -d 'Show the prompt text around each prefix-cache miss in /v1/stats, mlx d'
 complete -c mlx -n "__mlx_at 'launch opencode'" -l preload -d 'Load the model before opencode starts.'
 complete -c mlx -n "__mlx_at 'launch opencode'" -l opencode-bin -x -d 'The opencode to run (default: on PATH, else the pinned one).'
@@ -326,7 +332,7 @@ complete -c mlx -n "__mlx_at 'serve'" -l model -s m -x -a '(__mlx_model_names)' 
 complete -c mlx -n "__mlx_at 'serve'" -l host -x -d 'Interface to listen on (beyond loopback needs --allow-remote).'
 complete -c mlx -n "__mlx_at 'serve'" -l port -x -d 'Port (0: any free one).'
 complete -c mlx -n "__mlx_at 'serve'" -l auth-token -x -d 'Token clients must send (Bearer or x-api-key). Default: a random one.'
-complete -c mlx -n "__mlx_at 'serve'" -l context-length -x -d 'Context window to serve, in tokens (at least 16384; default: the model'
+complete -c mlx -n "__mlx_at 'serve'" -l context-length -x -d 'Context window to serve, in tokens (default: the models, capped by wha'
 complete -c mlx -n "__mlx_at 'serve'" -l max-concurrency -x -d 'Requests decoded together (default: 8).'
 complete -c mlx -n "__mlx_at 'serve'" -l idle-clear -x -d 'Clear MLXs buffer cache after this long without requests (e.g. 30s, ne'
 complete -c mlx -n "__mlx_at 'serve'" -l keep-alive -x -d 'Unload the model after this long without requests; it reloads on the n'
@@ -338,6 +344,8 @@ complete -c mlx -n "__mlx_at 'serve'" -l tool-format -x -d 'The models tool-call
 complete -c mlx -n "__mlx_at 'serve'" -l render -x -d 'Prompt rendering. stable: each prompt extends the previous one, so the'
 complete -c mlx -n "__mlx_at 'serve'" -l speculate -x -d 'Speculative decoding, verified in the batchs own forward pass (the out'
 complete -c mlx -n "__mlx_at 'serve'" -l draft-model -x -a '(__mlx_model_names)' -d 'A small model with the main models tokenizer whose greedy tokens are d'
+complete -c mlx -n "__mlx_at 'serve'" -l kv-bits -x -d 'Hold the KV cache (running requests, prefix cache, saved prefixes) qua'
+complete -c mlx -n "__mlx_at 'serve'" -l kv-group-size -x -d 'Values per quantization group with --kv-bits (default: 64, or what div'
 complete -c mlx -n "__mlx_at 'serve'" -l debug-cache -d 'Show the prompt text around each prefix-cache miss in /v1/stats, mlx d'
 complete -c mlx -n "__mlx_at 'serve'" -l safeguards -l no-safeguards -d 'Judge Claude Codes auto-mode safety check with the loaded model (model'
 complete -c mlx -n "__mlx_at 'serve'" -l preload -l no-preload -d 'Load the model before serving.'

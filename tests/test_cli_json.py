@@ -59,7 +59,9 @@ def test_catalog_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_recommend_json(capsys: pytest.CaptureFixture[str]) -> None:
     pick = _json(["models", "recommend", "--memory", "32", "--compute", "metal", "--json"], capsys)
-    assert set(pick) == CATALOG_KEYS | {"fits", "memory", "compute", "speed_rule", "pull_command"}
+    figures = {"fits", "memory", "compute", "speed_rule", "pull_command"}
+    assert set(pick) == CATALOG_KEYS | figures | {"context_here", "context_here_text"}
+    assert set(pick["context_here"]) == {"16", "8", "4"}  # tokens held at each KV precision
     assert pick["compute"] == "Metal GPU" and pick["speed_rule"] is None
     assert pick["alias"] == "qwen3-coder-30b" and pick["fits"] is True
     assert pick["pull_command"] == "mlx models pull qwen3-coder-30b"

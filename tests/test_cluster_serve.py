@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
+import httpx
 import mlx.core as mx
 import pytest
 from engine_helpers import served_engine
@@ -307,6 +308,24 @@ def test_a_model_that_cannot_be_split_so_is_refused_before_any_rank_starts(
     assert "key/value heads" in done.stderr, done.stderr
     assert rank_pids(tmp_path / "home") == []
     assert time.monotonic() - started < 60
+
+
+def test_a_cluster_holds_its_kv_at_the_bits_the_rank_spec_carries(tmp_path: Path) -> None:
+    # Every rank quantizes its own heads' KV (the spec tells each one --kv-bits); a rank that
+    # did not would attend over other numbers and the greedy answer would differ.
+    medium = ensure_test_model("medium")  # heads of 32: the smallest group size divides them
+    serve = ClusterServe(tmp_path, "medium", "--kv-bits", "8", "--parallel", "tensor")
+    body = captured("print-mode-request.json", model="medium")
+    try:
+        serve.wait_serving()
+        ours = answer(serve.client(), body)
+        stats = httpx.get(serve.url + "/v1/stats", headers={"x-api-key": TOKEN}).json()
+    finally:
+        serve.kill()
+    with served_engine(medium, TOKEN, kv_bits=8) as (_, handle):
+        alone = anthropic.Anthropic(base_url=handle.url, api_key=TOKEN, max_retries=0)
+        assert ours == answer(alone, body)
+    assert stats["memory"]["kv_bits"] == 8
 
 
 def test_last_a_serve_killed_outright_takes_its_ranks_with_it(cluster: ClusterServe) -> None:

@@ -30,6 +30,9 @@ RECORDED: dict[str, Any] = {
         "active_bytes": 18_340_000_000,
         "cache_bytes": 1_200_000_000,
         "limit_bytes": 0,
+        "kv_cache_bytes": 2_150_000_000,
+        "kv_running_bytes": 640_000_000,
+        "kv_bits": 8,
     },
     "counters": {
         "requests_admitted": 14,

@@ -433,7 +433,7 @@ async def test_pings_keep_a_queued_stream_alive_after_an_early_message_start(
 # --- memory -------------------------------------------------------------------------------
 
 
-async def test_a_request_too_big_for_memory_fails_alone(
+async def test_a_window_memory_cannot_hold_is_not_served(
     serve: Callable[..., Stack], tiny_model_dir: Path
 ) -> None:
     previous = mx.get_memory_limit()
@@ -454,11 +454,15 @@ async def test_a_request_too_big_for_memory_fails_alone(
         async with small.client() as client:
             ok = asyncio.create_task(read_stream(client, body("small", 200), StreamLog("ok")))
             await wait_until(lambda: small.engine.stats().running == 1)
-            big = await client.post("/v1/messages", json=body("big", 30000, False))
+            # A prompt longer than memory holds the KV of: the 400 clients compact on (the
+            # served window is what fits), not a 500 from the middle of its prefill.
+            big = await client.post("/v1/messages", json=body("word " * 9000, 2, False))
             log = await ok
             after = await client.post("/v1/messages", json=body("after", 2, False))
-        assert big.status_code == 500
-        assert "not enough memory for this request" in big.json()["error"]["message"]
+        window = (await small.engine.load()).context_window
+        assert 4000 < window < 8000 * 1.1  # capped at what fits, below the model's 40,960
+        assert big.status_code == 400
+        assert f"tokens > {window} maximum" in big.json()["error"]["message"]
         assert log.stop_reason == "max_tokens"  # the other request went on unharmed
         assert after.status_code == 200
         assert small.engine.stats().memory_limit_bytes > 0

@@ -11,6 +11,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import anthropic
@@ -23,12 +25,13 @@ from mlxlaunch.testing import DEMO_NOTICE
 
 
 def _start_serve(
-    model: str, env: dict[str, str], mlx: list[str] | None = None
+    model: str, env: dict[str, str], mlx: list[str] | None = None, *options: str
 ) -> subprocess.Popen[str]:
     """`mlx serve --model MODEL` on any free port, in a child process with `env`; `mlx` is the
     command that runs it (default: `python -m mlxlaunch`; tests/scripted_mlx.py scripts it)."""
+    command = [*(mlx or [sys.executable, "-m", "mlxlaunch"]), "serve", "--model", model]
     return subprocess.Popen(
-        [*(mlx or [sys.executable, "-m", "mlxlaunch"]), "serve", "--model", model, "--port", "0"],
+        [*command, "--port", "0", *options],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -101,3 +104,45 @@ def test_serve_demo_answers_and_stops(tmp_path: Path, stop_signal: signal.Signal
     assert not any(s.url == url for s in running_servers())
     with pytest.raises(httpx.ConnectError):
         httpx.get(url + "/health", timeout=5)
+
+
+@contextmanager
+def _serving(model: str, *options: str) -> Iterator[subprocess.Popen[str]]:
+    """`mlx serve` of `model` with `options`, killed on the way out if still running."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("MLX_AUTH_TOKEN", None)
+    proc = _start_serve(model, env, None, *options)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.slow
+def test_serve_with_8_bit_kv_and_a_small_window_answers_reuses_and_refuses_past_it() -> None:
+    options = ("--kv-bits", "8", "--context-length", "4096", "--cache-disk", "0")
+    with _serving("tiny", *options) as proc:
+        url, token, _ = _read_announcement(proc, time.monotonic() + PROCESS_START_S)
+        sdk = anthropic.Anthropic(base_url=url, api_key=token, max_retries=0)
+        messages: list[anthropic.types.MessageParam] = [
+            {"role": "user", "content": "Read the parser and fix the bug. " * 30}
+        ]
+        first = sdk.messages.create(model="m", max_tokens=4, messages=messages)
+        again = sdk.messages.create(model="m", max_tokens=4, messages=messages)
+        assert first.usage.output_tokens >= 1
+        assert (again.usage.cache_read_input_tokens or 0) > 0  # its quantized prefix reused
+        stats = httpx.get(url + "/v1/stats", headers={"x-api-key": token}, timeout=10).json()
+        assert stats["memory"]["kv_bits"] == 8
+        assert stats["memory"]["kv_cache_bytes"] >= stats["cache"]["bytes"] > 0
+        too_long = r"prompt is too long: \d+ tokens > 4096"
+        with pytest.raises(anthropic.BadRequestError, match=too_long):
+            long_prompt: list[anthropic.types.MessageParam] = [
+                {"role": "user", "content": "word " * 5000}
+            ]
+            sdk.messages.create(model="m", max_tokens=4, messages=long_prompt)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=PROCESS_EXIT_S)
+    assert proc.returncode == 0, err
+    assert "--context-length 4096 is below 16384" in " ".join(err.split())  # warned, served

@@ -60,6 +60,9 @@ ENGINE_TO_WIRE = {
     "memory_cache_bytes": "memory.cache_bytes",
     "memory_limit_bytes": "memory.limit_bytes",
     "cache_hit_ratio": "cache.hit_ratio",
+    "kv_cache_bytes": "memory.kv_cache_bytes",
+    "kv_running_bytes": "memory.kv_running_bytes",
+    "kv_bits": "memory.kv_bits",
 }
 WIRE_ONLY = {"version", "time", "uptime_s"}  # the server's own
 
@@ -73,6 +76,7 @@ def recorded_stats() -> EngineStats:
     book.queue_depth, book.running, book.queued_tokens = 1, 2, 9_870
     book.memory_active_bytes, book.memory_cache_bytes = 18_340_000_000, 1_200_000_000
     book.memory_limit_bytes = 30_000_000_000
+    book.kv_running_bytes, book.kv_bits = 700_000_000, 8
     book.count(**{f.name: i + 1 for i, f in enumerate(dataclasses.fields(EngineCounters))})
     book.step(prompt_tokens=3_280, prompt_s=1.0, gen_tokens=229, decode_s=2.0)
     for i, outcome in enumerate(("end_turn", "tool_use")):

@@ -41,6 +41,8 @@ from mlxlaunch.cli.scheduler_options import (
     DraftModelOption,
     IdleClearOption,
     KeepAliveOption,
+    KvBitsOption,
+    KvGroupSizeOption,
     MaxConcurrencyOption,
     MemoryFractionOption,
     RenderOption,
@@ -215,6 +217,8 @@ def claude(
     render: RenderOption = DEFAULT_RENDER,
     speculate: SpeculateOption = DEFAULT_SPECULATE,
     draft_model: DraftModelOption = None,
+    kv_bits: KvBitsOption = None,
+    kv_group_size: KvGroupSizeOption = None,
     debug_cache: DebugCacheOption = False,
     safeguards: SafeguardsOption = True,
     preload: Annotated[bool, _preload_option("claude")] = False,
@@ -279,6 +283,8 @@ def claude(
             render=render,
             speculate=speculate,
             draft_model=draft_model,
+            kv_bits=kv_bits,
+            kv_group_size=kv_group_size,
             debug_cache=debug_cache,
             safeguards=safeguards,
             preload=preload,
@@ -309,6 +315,8 @@ class _ServeArgs:
     render: str
     speculate: str
     draft_model: str | None
+    kv_bits: int | None
+    kv_group_size: int | None
     debug_cache: bool
     safeguards: bool
     preload: bool
@@ -343,6 +351,8 @@ def _run(
             render=a.render,
             speculate=a.speculate,
             draft_model=a.draft_model,
+            kv_bits=a.kv_bits,
+            kv_group_size=a.kv_group_size,
             debug_cache=a.debug_cache,
             safeguards=a.safeguards,
         ),
@@ -426,6 +436,8 @@ def _agent_command(agent: Integration, example: str) -> None:
         render: RenderOption = DEFAULT_RENDER,
         speculate: SpeculateOption = DEFAULT_SPECULATE,
         draft_model: DraftModelOption = None,
+        kv_bits: KvBitsOption = None,
+        kv_group_size: KvGroupSizeOption = None,
         debug_cache: DebugCacheOption = False,
         # Claude Code's auto-mode check: no other agent asks it, so it is not offered here.
         safeguards: Annotated[
@@ -492,6 +504,8 @@ def _agent_command(agent: Integration, example: str) -> None:
             render=render,
             speculate=speculate,
             draft_model=draft_model,
+            kv_bits=kv_bits,
+            kv_group_size=kv_group_size,
             debug_cache=debug_cache,
             safeguards=safeguards,
             preload=preload,

@@ -54,7 +54,7 @@ from mlxlaunch.store.inventory import (
     local_model_names,
     snapshot_complete,
 )
-from mlxlaunch.store.memory import GIB, format_bytes
+from mlxlaunch.store.memory import GIB, describe_windows, format_bytes
 from mlxlaunch.store.registry import register_local
 from mlxlaunch.store.shards import (
     ShardSpec,
@@ -541,9 +541,13 @@ def recommendation_json(
     found = recommendation(memory, kind=kind, compute=compute or this_machine())
     if found is None:
         raise ConfigError("no catalog model fits this machine's memory")
+    windows = found.entry.windows_here(memory)
     return catalog_json([found.entry])[0] | {
         "fits": found.fit.fits,
         "memory": found.fit.describe(),
+        # The longest session this machine holds, by KV bits (16: unquantized, --kv-bits).
+        "context_here": {str(bits): n for bits, n in windows.items()},
+        "context_here_text": describe_windows(windows, found.entry.context_window),
         "compute": found.compute.describe() if found.compute else None,
         "speed_rule": found.speed_rule(),
         "pull_command": f"mlx models pull {found.entry.alias}",
@@ -585,6 +589,7 @@ def recommend_command(
     size = format_bytes(data["size_bytes"])
     _err.print(f"{size} download, {data['context_window']:,}-token context", highlight=False)
     _err.print(f"memory: {data['memory']}", highlight=False)
+    _err.print(f"context: {data['context_here_text']}", highlight=False)
     if data["speed_rule"]:
         _err.print(f"speed: {data['speed_rule']}", highlight=False)
     _err.print(f"pull it with: {data['pull_command']}", highlight=False)

@@ -7,12 +7,12 @@ value fails before a model loads.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from mlxlaunch.config import MIN_CONTEXT_LENGTH, check_context_length
-from mlxlaunch.engine.settings import parse_duration
+from mlxlaunch.engine.settings import KV_BITS, KV_GROUP_SIZES, parse_duration
 from mlxlaunch.store.dialects import DIALECTS, dialect_named
 
 DEFAULT_IDLE_CLEAR = "30s"
@@ -44,6 +44,61 @@ ContextLengthOption = Annotated[
         callback=_context_length,
         help=f"Context window to serve, in tokens (at least {MIN_CONTEXT_LENGTH}; "
         "default: the model's).",
+    ),
+]
+
+
+def _context_length_warned(value: int | None) -> int | None:
+    # `mlx serve` serves other clients too, and some use small windows: a warning only.
+    if value is not None and value < MIN_CONTEXT_LENGTH:
+        typer.echo(
+            f"warning: --context-length {value} is below {MIN_CONTEXT_LENGTH}: Claude Code's "
+            "system prompt and tools alone take ~15k tokens, so its requests will not fit",
+            err=True,
+        )
+    return value
+
+
+ServeContextLengthOption = Annotated[
+    int | None,
+    typer.Option(
+        "--context-length",
+        callback=_context_length_warned,
+        min=2,
+        help="Context window to serve, in tokens (default: the model's, capped by what "
+        f"memory holds; below {MIN_CONTEXT_LENGTH} Claude Code's requests do not fit).",
+    ),
+]
+
+
+def _kv_option(choices: tuple[int, ...], flag: str, text: str) -> Any:
+    """An option whose value is one of `choices` (None: not given)."""
+
+    def check(value: int | None) -> int | None:
+        if value is not None and value not in choices:
+            raise typer.BadParameter(f"{flag} {value}: one of {', '.join(map(str, choices))}")
+        return value
+
+    metavar = f"[{'|'.join(map(str, choices))}]"
+    return typer.Option(callback=check, metavar=metavar, help=text, show_default=False)
+
+
+KvBitsOption = Annotated[
+    int | None,
+    _kv_option(
+        KV_BITS,
+        "--kv-bits",
+        "Hold the KV cache (running requests, prefix cache, saved prefixes) quantized to 8 or "
+        "4 bits: a longer session in the same memory (default: the model's precision).",
+    ),
+]
+KvGroupSizeOption = Annotated[
+    int | None,
+    _kv_option(
+        KV_GROUP_SIZES,
+        "--kv-group-size",
+        "Values per quantization group with --kv-bits (default: 64, or what divides the "
+        "model's head size).",
     ),
 ]
 MaxConcurrencyOption = Annotated[

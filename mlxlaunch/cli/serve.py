@@ -27,13 +27,15 @@ from mlxlaunch.cli.scheduler_options import (
     DEFAULT_MEMORY_FRACTION,
     DEFAULT_RENDER,
     DEFAULT_SPECULATE,
-    ContextLengthOption,
     DraftModelOption,
     IdleClearOption,
     KeepAliveOption,
+    KvBitsOption,
+    KvGroupSizeOption,
     MaxConcurrencyOption,
     MemoryFractionOption,
     RenderOption,
+    ServeContextLengthOption,
     SpeculateOption,
     ToolFormatOption,
 )
@@ -75,7 +77,7 @@ def serve(
             show_default=False,
         ),
     ] = None,
-    context_length: ContextLengthOption = None,
+    context_length: ServeContextLengthOption = None,
     max_concurrency: MaxConcurrencyOption = None,
     idle_clear: IdleClearOption = DEFAULT_IDLE_CLEAR,
     keep_alive: KeepAliveOption = None,
@@ -87,6 +89,8 @@ def serve(
     render: RenderOption = DEFAULT_RENDER,
     speculate: SpeculateOption = DEFAULT_SPECULATE,
     draft_model: DraftModelOption = None,
+    kv_bits: KvBitsOption = None,
+    kv_group_size: KvGroupSizeOption = None,
     debug_cache: DebugCacheOption = False,
     safeguards: SafeguardsOption = True,
     preload: Annotated[
@@ -146,6 +150,8 @@ def serve(
             draft_model=draft_model,
             debug_cache=debug_cache,
             safeguards=safeguards,
+            kv_bits=kv_bits,
+            kv_group_size=kv_group_size,
         ),
     )
     given = overrides(ctx)

@@ -47,6 +47,7 @@ def model_card(s: StatsSnapshot) -> str:
             _line("state", s.model.state),
             _line("memory", human_bytes(s.memory.active_bytes)),
             _line("mlx cache", human_bytes(s.memory.cache_bytes)),
+            _line(f"kv {s.memory.kv_bits}-bit", human_bytes(s.memory.kv_cache_bytes)),
             _line("uptime", human_duration(s.uptime_s)),
         ]
     )

@@ -11,8 +11,9 @@ from typing import Any, Literal
 import mlx.core as mx
 import mlx.nn as nn
 
-from mlxlaunch.engine.settings import DEFAULT_CACHE_DISK, parse_size
+from mlxlaunch.engine.settings import DEFAULT_CACHE_DISK, KV_BITS, KV_GROUP_SIZES, parse_size
 from mlxlaunch.engine.types import GenerationRequest
+from mlxlaunch.store.memory import ENGINE_MEMORY_SHARE
 
 # A logits processor as mlx-lm calls it: (tokens so far, logits) -> logits.
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
@@ -113,6 +114,10 @@ class EngineConfig:
             loading fails where it cannot run), "off".
         draft_model: a local directory of a small model with the same tokenizer, whose
             greedy tokens are the drafts (`--draft-model`).
+        kv_bits: hold the KV caches (running sequences, prefix cache, disk tier) quantized to
+            8 or 4 bits a value (`--kv-bits`; None: the model's own precision).
+        kv_group_size: values per quantization group (`--kv-group-size`; None: 64, or the
+            largest of 32/64/128 that divides the model's head dimension).
         debug_cache: keep the prompt text around each cache miss in stats and the log
             (`--debug-cache`); off, a miss says only where it happened, with digests of the
             text, since every client with the token can read stats (engine/cache/misses.py).
@@ -131,7 +136,7 @@ class EngineConfig:
     idle_clear_s: float | None = 30.0
     keep_alive_s: float | None = None
     sweep_poll_s: float = 1.0
-    memory_fraction: float | None = 0.85
+    memory_fraction: float | None = ENGINE_MEMORY_SHARE
     dedupe: bool = True
     cache_memory_bytes: int | None = None
     cache_dir: Path | None = None
@@ -144,6 +149,8 @@ class EngineConfig:
     speculate: SpeculateMode = "auto"
     draft_model: str | None = None
     cluster: ClusterRole | None = None
+    kv_bits: int | None = None
+    kv_group_size: int | None = None
 
     def __post_init__(self) -> None:
         if self.render not in RENDER_MODES:
@@ -162,5 +169,9 @@ class EngineConfig:
             raise ValueError("context_length must be at least 2")
         if self.memory_fraction is not None and not 0 < self.memory_fraction <= 1:
             raise ValueError("memory_fraction must be in (0, 1]")
+        if self.kv_bits is not None and self.kv_bits not in KV_BITS:
+            raise ValueError(f"kv_bits must be one of {', '.join(map(str, KV_BITS))}")
+        if self.kv_group_size is not None and self.kv_group_size not in KV_GROUP_SIZES:
+            raise ValueError(f"kv_group_size must be one of {', '.join(map(str, KV_GROUP_SIZES))}")
         if self.sweep_poll_s <= 0:
             raise ValueError("sweep_poll_s must be positive")

@@ -17,6 +17,10 @@ from mlxlaunch.store.facts import context_window
 from mlxlaunch.store.paths import mlxlaunch_home
 
 DEFAULT_CACHE_DISK = "20G"
+# KV cache quantization (`--kv-bits`, `--kv-group-size`; engine/runtime/quantized_kv.py):
+# the bits mx.quantize packs a cached value in, and the group sizes it accepts.
+KV_BITS = (8, 4)
+KV_GROUP_SIZES = (32, 64, 128)
 # The context window served when a model's config names none (rare; old or unusual checkpoints).
 FALLBACK_CONTEXT_WINDOW = 4096
 _SIZE_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}

@@ -137,6 +137,9 @@ class EngineStats:
     queued_tokens: int = 0  # prompt tokens waiting in the admission queue
     cache_hit_ratio: float = 0.0  # share of prompt tokens served from the prefix cache
     cache: CacheFigures = field(default_factory=CacheFigures)
+    kv_cache_bytes: int = 0  # KV held: the prefix cache's (cache.bytes) and kv_running_bytes
+    kv_running_bytes: int = 0  # KV the running sequences' caches hold (prefilling, decoding)
+    kv_bits: int = 16  # how the KV caches are held (16: the model's own precision)
 
 
 class StatsBook:
@@ -165,6 +168,8 @@ class StatsBook:
         self.memory_limit_bytes = 0
         self.queued_tokens = 0
         self.cache = CacheFigures()  # replaced whole by the worker thread
+        self.kv_running_bytes = 0
+        self.kv_bits = 16
 
     def count(self, **deltas: int) -> None:
         """Add to counters, e.g. `count(requests_admitted=1, prompt_tokens=120)`."""
@@ -227,4 +232,7 @@ class StatsBook:
             if counters.prompt_tokens
             else 0.0,
             cache=self.cache,
+            kv_cache_bytes=self.cache.bytes + self.kv_running_bytes,
+            kv_running_bytes=self.kv_running_bytes,
+            kv_bits=self.kv_bits,
         )

@@ -37,7 +37,15 @@ from mlxlaunch.launch.node import (
 from mlxlaunch.launch.state import RunState, running_servers
 from mlxlaunch.store.catalog import CatalogEntry, Recommendation, recommendation
 from mlxlaunch.store.compute import Compute
-from mlxlaunch.store.memory import GIB, format_bytes, memory_fit, system_memory_bytes
+from mlxlaunch.store.memory import (
+    GIB,
+    KVShape,
+    describe_windows,
+    format_bytes,
+    memory_fit,
+    system_memory_bytes,
+    windows_here,
+)
 
 Status = Literal["ok", "warn", "fail", "info"]
 
@@ -52,6 +60,8 @@ class ModelFact:
     name: str
     weights_bytes: int
     problems: tuple[str, ...] = ()
+    context_window: int | None = None  # its config's
+    kv: KVShape | None = None  # what a token's KV holds (None: its config does not say)
 
 
 @dataclass(frozen=True)
@@ -250,10 +260,15 @@ def _model_checks(f: DoctorFacts) -> list[Check]:
             )
             continue
         fit = memory_fit(model.weights_bytes, f.total_memory)
+        found = fit.describe()
+        if model.context_window and f.total_memory > 0:  # the window a launch advertises
+            window = model.context_window
+            here = windows_here(window, model.weights_bytes, model.kv, f.total_memory)
+            found += "; " + describe_windows(here, window)
         if fit.fits:
-            checks.append(Check(name, "ok", fit.describe()))
+            checks.append(Check(name, "ok", found))
         else:
-            checks.append(Check(name, "warn", fit.describe(), f"pick a smaller model: {pull}"))
+            checks.append(Check(name, "warn", found, f"pick a smaller model: {pull}"))
     return checks
 
 
@@ -318,7 +333,14 @@ def _local_models() -> tuple[ModelFact, ...]:
     from mlxlaunch.store.inventory import list_models
 
     return tuple(
-        ModelFact(m.name, m.facts.weights_bytes, tuple(m.facts.problems())) for m in list_models()
+        ModelFact(
+            m.name,
+            m.facts.weights_bytes,
+            tuple(m.facts.problems()),
+            m.facts.context_window,
+            m.facts.kv,
+        )
+        for m in list_models()
     )
 
 

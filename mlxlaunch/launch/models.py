@@ -17,9 +17,15 @@ from mlxlaunch.config import UserConfig
 from mlxlaunch.engine.settings import context_window_of
 from mlxlaunch.errors import ModelNotFound
 from mlxlaunch.store.catalog import catalog_entry, recommend
-from mlxlaunch.store.facts import read_config
+from mlxlaunch.store.facts import read_config, weight_files
 from mlxlaunch.store.inventory import LocalModel, list_models
-from mlxlaunch.store.memory import memory_fit
+from mlxlaunch.store.memory import (
+    DEFAULT_KV_GROUP_SIZE,
+    ENGINE_MEMORY_SHARE,
+    kv_shape_of,
+    memory_fit,
+    window_that_fits,
+)
 from mlxlaunch.store.resolve import is_repo_id, resolve_model
 from mlxlaunch.testing import (
     TEST_MODELS,
@@ -90,9 +96,24 @@ class ChosenModel:
             return Path(self.name).expanduser().resolve().name or self.name
         return self.name
 
-    def context_window(self, override: int | None = None) -> int:
-        """The window the engine will serve, read from config.json without loading weights."""
-        return context_window_of(read_config(self.path), override)
+    def context_window(
+        self,
+        override: int | None = None,
+        kv_bits: int | None = None,
+        kv_group_size: int | None = None,
+        memory_share: float | None = ENGINE_MEMORY_SHARE,
+    ) -> int:
+        """The window the engine will serve, read from config.json without loading weights:
+        the model's (or `override`), capped by the KV of how many tokens fit beside the
+        weights in `memory_share` of RAM (None: not capped), KV held at `kv_bits`."""
+        config = read_config(self.path)
+        window = context_window_of(config, override)
+        kv = kv_shape_of(config)
+        if kv is None or memory_share is None:
+            return window
+        weights = sum(f.stat().st_size for f in weight_files(self.path))
+        per_token = kv.bytes_per_token(kv_bits, kv_group_size or DEFAULT_KV_GROUP_SIZE)
+        return max(2, window_that_fits(window, weights, per_token, share=memory_share))
 
 
 def resolve_name(name: str) -> Path:

@@ -61,6 +61,8 @@ class EngineOptions:
     draft_model: str | None = None  # its draft model, by name (resolved when serving)
     debug_cache: bool = False  # keep prompt text around cache misses (EngineConfig.debug_cache)
     safeguards: bool = True  # answer Claude Code's auto-mode check (ServerSettings.safeguards)
+    kv_bits: int | None = None  # KV caches quantized to 8 or 4 bits (EngineConfig.kv_bits)
+    kv_group_size: int | None = None  # values per quantization group (EngineConfig)
 
     def config_arguments(self) -> dict[str, Any]:
         """EngineConfig keyword arguments for everything but the model and its logits hook.
@@ -81,6 +83,8 @@ class EngineOptions:
             "render": self.render,
             "speculate": self.speculate,
             "debug_cache": self.debug_cache,
+            "kv_bits": self.kv_bits,
+            "kv_group_size": self.kv_group_size,
             **engine_tuning(
                 max_concurrency=self.max_concurrency,
                 idle_clear=self.idle_clear,
@@ -214,4 +218,7 @@ def _load(
             return asyncio.run(engine.load()).context_window
     if load == "background":
         warm_up_in_background(engine)  # the model and its cached prefixes, while the user types
-    return model.context_window(context_length)
+    config = engine.config
+    return model.context_window(
+        context_length, config.kv_bits, config.kv_group_size, config.memory_fraction
+    )

@@ -40,6 +40,9 @@ class MemoryFigures(_Wire):
     active_bytes: int = 0
     cache_bytes: int = 0  # held in MLX's buffer cache
     limit_bytes: int = 0  # the limit the engine set (0: none)
+    kv_cache_bytes: int = 0  # held by KV caches: the prefix cache's and the running sequences'
+    kv_running_bytes: int = 0  # of which the running sequences' (prefilling and decoding)
+    kv_bits: int = 16  # bits a cached value is held in (`--kv-bits`; 16: unquantized)
 
 
 class RequestCounters(_Wire):

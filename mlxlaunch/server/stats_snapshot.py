@@ -64,6 +64,9 @@ def stats_snapshot(
             active_bytes=stats.memory_active_bytes,
             cache_bytes=stats.memory_cache_bytes,
             limit_bytes=stats.memory_limit_bytes,
+            kv_cache_bytes=stats.kv_cache_bytes,
+            kv_running_bytes=stats.kv_running_bytes,
+            kv_bits=stats.kv_bits,
         ),
         counters=RequestCounters(
             requests_admitted=c.requests_admitted,

@@ -11,7 +11,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from mlxlaunch.store.compute import Compute, active_share, this_machine
-from mlxlaunch.store.memory import GIB, MemoryFit, format_bytes, memory_fit, memory_needed
+from mlxlaunch.store.memory import (
+    GIB,
+    KVShape,
+    MemoryFit,
+    format_bytes,
+    memory_fit,
+    memory_needed,
+    windows_here,
+)
 
 GB = 1000**3
 
@@ -29,6 +37,11 @@ class CatalogEntry:
     context_window: int
     rank: int
     note: str = ""
+    kv: KVShape | None = None  # what a token's KV holds (from the model's config.json)
+
+    def windows_here(self, total_memory: int | None = None) -> dict[int, int]:
+        """The longest context of this model a machine holds, by KV bits (store.memory)."""
+        return windows_here(self.context_window, self.size_bytes, self.kv, total_memory)
 
     @property
     def memory_bytes(self) -> int:
@@ -53,25 +66,26 @@ def _gb(x: float) -> int:
 
 CATALOG: tuple[CatalogEntry, ...] = (
     CatalogEntry("qwen3-coder-30b", "mlx-community/Qwen3-Coder-30B-A3B-Instruct-4bit", "coder",
-                 "30B-A3B", 4, _gb(17.2), 262_144, 90, "MoE coder; fast for its size"),
+                 "30B-A3B", 4, _gb(17.2), 262_144, 90, "MoE coder; fast for its size",
+                 kv=KVShape(48, 4, 128)),
     CatalogEntry("qwen3-coder-30b-8bit", "mlx-community/Qwen3-Coder-30B-A3B-Instruct-8bit",
-                 "coder", "30B-A3B", 8, _gb(32.5), 262_144, 92),
+                 "coder", "30B-A3B", 8, _gb(32.5), 262_144, 92, kv=KVShape(48, 4, 128)),
     CatalogEntry("qwen-coder-32b", "mlx-community/Qwen2.5-Coder-32B-Instruct-4bit", "coder",
-                 "32B", 4, _gb(18.4), 32_768, 70),
+                 "32B", 4, _gb(18.4), 32_768, 70, kv=KVShape(64, 8, 128)),
     CatalogEntry("qwen-coder-14b", "mlx-community/Qwen2.5-Coder-14B-Instruct-4bit", "coder",
-                 "14B", 4, _gb(8.3), 32_768, 55),
+                 "14B", 4, _gb(8.3), 32_768, 55, kv=KVShape(48, 8, 128)),
     CatalogEntry("qwen-coder-7b", "mlx-community/Qwen2.5-Coder-7B-Instruct-4bit", "coder",
-                 "7B", 4, _gb(4.3), 32_768, 40),
+                 "7B", 4, _gb(4.3), 32_768, 40, kv=KVShape(28, 4, 128)),
     CatalogEntry("qwen-coder-1.5b", "mlx-community/Qwen2.5-Coder-1.5B-Instruct-4bit", "coder",
-                 "1.5B", 4, _gb(0.87), 32_768, 10, "for trying things out"),
+                 "1.5B", 4, _gb(0.87), 32_768, 10, "for trying things out", kv=KVShape(28, 2, 128)),
     CatalogEntry("qwen3-30b", "mlx-community/Qwen3-30B-A3B-4bit", "general",
-                 "30B-A3B", 4, _gb(17.2), 40_960, 80, "thinking + tools"),
+                 "30B-A3B", 4, _gb(17.2), 40_960, 80, "thinking + tools", kv=KVShape(48, 4, 128)),
     CatalogEntry("qwen3-14b", "mlx-community/Qwen3-14B-4bit", "general",
-                 "14B", 4, _gb(8.3), 40_960, 60, "thinking + tools"),
+                 "14B", 4, _gb(8.3), 40_960, 60, "thinking + tools", kv=KVShape(40, 8, 128)),
     CatalogEntry("qwen3-8b", "mlx-community/Qwen3-8B-4bit", "general",
-                 "8B", 4, _gb(4.6), 40_960, 45, "thinking + tools"),
+                 "8B", 4, _gb(4.6), 40_960, 45, "thinking + tools", kv=KVShape(36, 8, 128)),
     CatalogEntry("qwen3-4b", "mlx-community/Qwen3-4B-4bit", "general",
-                 "4B", 4, _gb(2.3), 40_960, 25, "thinking + tools"),
+                 "4B", 4, _gb(2.3), 40_960, 25, "thinking + tools", kv=KVShape(36, 8, 128)),
 )  # fmt: skip
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from mlxlaunch.store.dialects import detect_dialect
 from mlxlaunch.store.generation_config import NO_DEFAULTS, SamplingDefaults, read_sampling_defaults
+from mlxlaunch.store.memory import KVShape, kv_shape_of
 
 # Files that make a directory a tokenizer mlx-lm can load (any one of them).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
@@ -72,6 +73,7 @@ class ModelFacts:
     thinking: bool
     template: TemplateFeatures = field(default_factory=TemplateFeatures)
     sampling_defaults: SamplingDefaults = NO_DEFAULTS  # generation_config.json's
+    kv: KVShape | None = None  # what one token's KV holds (config.json's layers and heads)
 
     def problems(self) -> list[str]:
         """Reasons mlx-lm could not load this model; empty when it looks loadable."""
@@ -295,4 +297,5 @@ def read_facts(path: Path) -> ModelFacts:
         or bool(template and "<think>" in template),
         template=template_features(template),
         sampling_defaults=read_sampling_defaults(path),
+        kv=kv_shape_of(config),
     )

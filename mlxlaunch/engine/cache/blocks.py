@@ -10,7 +10,9 @@ Keys at a position depend only on the tokens up to it, so the first `n` tokens o
 valid for a request that agrees with those `n` tokens: reuse is token-exact, not block-rounded.
 
 Every method runs on the engine's MLX thread. Arrays stored here are private copies: a batch
-that is handed a cache built from them never writes into them.
+that is handed a cache built from them never writes into them. Quantized KV (`--kv-bits`) is
+stored as it is held, packed values with their scales and biases (each a tree of arrays with
+the token axis at 2), and fetched as the quantized caches the batch continues.
 """
 
 from __future__ import annotations
@@ -22,16 +24,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
+from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from mlxlaunch.engine.runtime.mlx_lm_internals import batch_cache_holding
+from mlxlaunch.engine.runtime.quantized_kv import KVQuantization, QuantizedSequenceCache
 
 DEFAULT_BLOCK_TOKENS = 256
 # The most of the budget pinned blocks may hold: past it the oldest pins lapse, so pins (any
 # client's stored conversations) cannot crowd out everything else.
 PIN_SHARE = 0.5
 
-LayerKV = tuple[mx.array, mx.array]  # (keys, values), each (1, heads, tokens, head_dim)
+# (keys, values), each (1, heads, tokens, head_dim), or for quantized KV a tuple of such arrays
+# (packed values, scales, biases).
+LayerKV = tuple[Any, Any]
 
 
 @dataclass(eq=False)
@@ -80,18 +86,25 @@ def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def is_block_cacheable(caches: Sequence[Any]) -> bool:
-    """Whether a model's cache can live in the trie: plain full-attention KV in every layer."""
-    return bool(caches) and all(type(c) is KVCache for c in caches)
+    """Whether a model's cache can live in the trie: plain full-attention KV in every layer
+    (quantized or not)."""
+    return bool(caches) and all(type(c) in (KVCache, QuantizedSequenceCache) for c in caches)
 
 
 class BlockTrie:
     """Token-block trie of KV caches with LRU eviction under `budget_bytes`."""
 
-    def __init__(self, budget_bytes: int, block_tokens: int = DEFAULT_BLOCK_TOKENS) -> None:
+    def __init__(
+        self,
+        budget_bytes: int,
+        block_tokens: int = DEFAULT_BLOCK_TOKENS,
+        kv: KVQuantization | None = None,
+    ) -> None:
         if block_tokens < 1:
             raise ValueError("block_tokens must be at least 1")
         self.budget_bytes = budget_bytes
         self.block_tokens = block_tokens
+        self.kv = kv  # how the stored KV is held (None: in the model's dtype)
         self._root = _Node((), [], None)
         self._tick = 0
         self.nbytes = 0
@@ -111,7 +124,7 @@ class BlockTrie:
         prefix of a stored sequence can be cut out)."""
         return self.match(tokens)
 
-    def fetch(self, tokens: Sequence[int], length: int, room: int = 0) -> list[KVCache]:
+    def fetch(self, tokens: Sequence[int], length: int, room: int = 0) -> list[Any]:
         """Fresh per-layer caches holding exactly the first `length` tokens' KV, with space
         for `room` more (written in place by the batch that continues them).
 
@@ -130,14 +143,20 @@ class BlockTrie:
             take = min(len(node.tokens), length - taken)
             pieces.append(node.layers if take == len(node.tokens) else _slice(node.layers, 0, take))
             taken += take
-        caches: list[KVCache] = []
+        caches: list[Any] = []
         for layer in range(len(pieces[0]) if pieces else 0):
-            cache = ReusedKVCache() if room > 0 else KVCache()
+            cache = self._new_cache(room)
             cache.keys = _joined([p[layer][0] for p in pieces], room)
             cache.values = _joined([p[layer][1] for p in pieces], room)
             cache.offset = length
             caches.append(cache)
         return caches
+
+    def _new_cache(self, room: int) -> Any:
+        kv = self.kv
+        if kv is not None:  # hands its buffers to a lone sequence's batch (no copy)
+            return QuantizedSequenceCache(kv.group_size, kv.bits)
+        return ReusedKVCache() if room > 0 else KVCache()
 
     def _walk(self, tokens: Sequence[int]) -> tuple[list[_Node], int]:
         """Nodes along the longest match (the last may match only partly) and its length."""
@@ -194,10 +213,8 @@ class BlockTrie:
                 break
             if child is None:
                 layers = [_copy(c, pos, pos + len(block)) for c in caches]
-                fresh.extend(a for kv in layers for a in kv)
-                child = _Node(
-                    block, layers, node, nbytes=sum(k.nbytes + v.nbytes for k, v in layers)
-                )
+                fresh.extend(_arrays(layers))
+                child = _Node(block, layers, node, nbytes=_nbytes(layers))
                 self._drop_covered_tails(node, block)
                 node.children[block] = child
                 self.nbytes += child.nbytes
@@ -289,22 +306,41 @@ class BlockTrie:
             self._pinned.discard(node)
 
 
-def _joined(pieces: list[mx.array], room: int) -> mx.array:
+def _joined(pieces: list[Any], room: int) -> Any:
     """The pieces end to end along the token axis, then `room` empty positions (one copy)."""
-    if room > 0:
-        first = pieces[0]
-        pieces = [*pieces, mx.zeros((*first.shape[:2], room, first.shape[3]), first.dtype)]
-    return mx.concatenate(pieces, axis=2)
+
+    def join(*parts: mx.array) -> mx.array:
+        if room > 0:
+            first = parts[0]
+            spare = mx.zeros((*first.shape[:2], room, first.shape[3]), first.dtype)
+            parts = (*parts, spare)
+        return mx.concatenate(list(parts), axis=2)
+
+    return tree_map(join, *pieces)
 
 
 def _slice(layers: list[LayerKV], start: int, stop: int) -> list[LayerKV]:
-    return [(k[..., start:stop, :], v[..., start:stop, :]) for k, v in layers]
+    def cut(b: mx.array) -> mx.array:
+        return b[..., start:stop, :]
+
+    return [(tree_map(cut, k), tree_map(cut, v)) for k, v in layers]
 
 
-def _copy(cache: KVCache, start: int, stop: int) -> LayerKV:
+def _arrays(layers: list[LayerKV]) -> list[mx.array]:
+    flat: Any = tree_flatten(layers)
+    return [a for _, a in flat]
+
+
+def _nbytes(layers: list[LayerKV]) -> int:
+    return int(sum(a.nbytes for a in _arrays(layers)))
+
+
+def _copy(cache: Any, start: int, stop: int) -> LayerKV:
     # contiguous() copies a slice into its own buffer, so evicting this block frees memory and
     # the source (a finished request's cache) is not kept alive by a view.
     assert cache.keys is not None and cache.values is not None
-    keys = mx.contiguous(cache.keys[..., start:stop, :])
-    values = mx.contiguous(cache.values[..., start:stop, :])
-    return keys, values
+
+    def copy(b: mx.array) -> mx.array:
+        return mx.contiguous(b[..., start:stop, :])
+
+    return tree_map(copy, cache.keys), tree_map(copy, cache.values)

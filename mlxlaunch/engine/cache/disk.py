@@ -45,7 +45,6 @@ from typing import Any, TypeGuard
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-from mlx_lm.models.cache import make_prompt_cache
 
 from mlxlaunch.engine.cache.entry_check import KVLayout, positions_problem
 from mlxlaunch.engine.cache.entry_format import (
@@ -57,6 +56,7 @@ from mlxlaunch.engine.cache.entry_format import (
 )
 from mlxlaunch.engine.cache.misses import common_prefix
 from mlxlaunch.engine.cache.weight_identity import model_identity as model_identity
+from mlxlaunch.engine.runtime.quantized_kv import KVQuantization, adopted, new_caches
 
 FORMAT = 2
 # Written into every entry's JSON: what carries it (with FORMAT) was written by this server.
@@ -103,22 +103,29 @@ class EntryRejected(ValueError):
 
 
 def open_disk_cache(
-    root: Path, budget_bytes: int, model: nn.Module, model_path: str | Path
+    root: Path,
+    budget_bytes: int,
+    model: nn.Module,
+    model_path: str | Path,
+    kv: KVQuantization | None = None,
 ) -> DiskCache | None:
     """The disk tier for `model` under `root`, or None (logged) where it cannot be used.
 
-    The identity hashes the weights' content (remembered under `root`), and entries are
-    checked against the model's cache layout, read from a one-token forward pass.
+    The identity hashes the weights' content (remembered under `root`) and names how the KV is
+    held (`kv`: its bits and group size), so a quantized entry never meets a server that holds
+    its KV otherwise; entries are checked against the model's cache layout, read from a
+    one-token forward pass.
     """
-    template = make_prompt_cache(model)
-    layout = KVLayout.of_model(model)
+    template = new_caches(model, kv)
+    layout = KVLayout.of_model(model, kv)
     if layout is None:
         log.warning("prefix cache: disk tier off (entries could not be checked)")
         return None
+    classes = [type(c).__name__ for c in template]
+    if kv is not None:
+        classes.append(kv.label)
     try:
-        identity = model_identity(
-            model_path, [type(c).__name__ for c in template], memo_dir=Path(root)
-        )
+        identity = model_identity(model_path, classes, memo_dir=Path(root))
         return DiskCache(Path(root), identity, budget_bytes, layout=layout)
     except OSError as exc:
         log.warning("prefix cache: disk tier off (%s)", exc)
@@ -392,7 +399,7 @@ class DiskCache:
             problem = positions_problem(caches, len(entry))
         if problem is not None:
             raise EntryRejected(f"not this model's cache: {problem}")
-        return caches
+        return adopted(caches)
 
     def touch(self, entry: DiskEntry) -> None:
         """Mark an entry as just used (its JSON's mtime orders eviction across processes)."""

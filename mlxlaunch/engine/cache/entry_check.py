@@ -25,13 +25,13 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
-from mlx_lm.models.cache import make_prompt_cache
 
 from mlxlaunch.engine.cache.entry_format import (
     SAFETENSORS_DTYPES,
     EntryHeader,
     prompt_cache_contents,
 )
+from mlxlaunch.engine.runtime.quantized_kv import KVQuantization, new_caches
 
 # The axis of a (batch, heads, tokens, head_dim) array that grows with the prompt.
 TOKEN_AXIS = 2
@@ -90,11 +90,12 @@ class KVLayout:
         return cls(tuple(header.classes()), tuple(specs), tuple(header.scalars()), tuple(settings))
 
     @classmethod
-    def of_model(cls, model: nn.Module) -> KVLayout | None:
-        """The layout of `model`'s cache, read from two one-token forward passes (None when
-        the model cannot be run so: then no entry can be checked, and none should be used)."""
+    def of_model(cls, model: nn.Module, kv: KVQuantization | None = None) -> KVLayout | None:
+        """The layout of `model`'s cache held as `kv` says, read from two one-token forward
+        passes (None when the model cannot be run so: then no entry can be checked, and none
+        should be used)."""
         try:
-            caches = make_prompt_cache(model)
+            caches = new_caches(model, kv)
             model(mx.array([[0]]), cache=caches)
             mx.eval([c.state for c in caches])
             first = copy.deepcopy(caches)

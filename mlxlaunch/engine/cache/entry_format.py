@@ -98,7 +98,8 @@ def prompt_cache_contents(
             arrays[name] = mx.array([])
         else:
             raise ValueError(f"cache state is not serializable: {type(value).__name__}")
-    classes = [type(c).__name__ for c in caches]
+    # A class of this project's that keeps mlx-lm's layout is saved under mlx-lm's name.
+    classes = [getattr(type(c), "SAVED_AS", type(c).__name__) for c in caches]
     flat: Any = tree_flatten([metadata, classes, scalars])
     return arrays, dict(flat)
 

@@ -28,13 +28,13 @@ from typing import Any, Protocol
 
 import mlx.nn as nn
 import numpy as np
-from mlx_lm.models.cache import make_prompt_cache
 
 from mlxlaunch.engine.cache.blocks import DEFAULT_BLOCK_TOKENS, BlockTrie, is_block_cacheable
 from mlxlaunch.engine.cache.disk import DiskCache, EntryWriter, open_disk_cache
 from mlxlaunch.engine.cache.misses import Decode, MissTracker
 from mlxlaunch.engine.cache.snapshots import SnapshotStore
 from mlxlaunch.engine.config import EngineConfig, default_cache_memory
+from mlxlaunch.engine.runtime.quantized_kv import KVQuantization, new_caches
 from mlxlaunch.engine.stats import CacheFigures
 
 # Eviction priority of the main conversation's blocks (side requests store with 0).
@@ -114,20 +114,27 @@ class PrefixCache:
     """Cross-request KV reuse for one loaded model."""
 
     def __init__(
-        self, model: nn.Module, model_path: str, settings: CacheSettings, decode: Decode
+        self,
+        model: nn.Module,
+        model_path: str,
+        settings: CacheSettings,
+        decode: Decode,
+        kv: KVQuantization | None = None,
     ) -> None:
         self.settings = settings
-        template = make_prompt_cache(model)
+        template = new_caches(model, kv)  # `kv`: how the model's caches are held
         self.exact = not is_block_cacheable(template)
         self.memory: KVStore = (
             SnapshotStore(settings.memory_bytes)
             if self.exact
-            else BlockTrie(settings.memory_bytes, settings.block_tokens)
+            else BlockTrie(settings.memory_bytes, settings.block_tokens, kv)
         )
         self.warning = SNAPSHOT_WARNING if self.exact else None
         self.disk: DiskCache | None = None
         if settings.disk_dir is not None and settings.disk_bytes > 0 and self.enabled:
-            self.disk = open_disk_cache(settings.disk_dir, settings.disk_bytes, model, model_path)
+            self.disk = open_disk_cache(
+                settings.disk_dir, settings.disk_bytes, model, model_path, kv
+            )
         self.misses = MissTracker(decode, excerpts=settings.excerpts)
         self._pending_saves: list[tuple[int, ...]] = []
         self._writer: EntryWriter | None = None  # the save under way (see save_step)

@@ -22,6 +22,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.runtime.learned_syntax import learn_json_call_syntax, learn_think_markers
+from mlxlaunch.engine.runtime.quantized_kv import KVQuantization, head_dim, resolve
 from mlxlaunch.engine.settings import context_window_of
 from mlxlaunch.engine.types import ModelInfo
 from mlxlaunch.errors import ModelLoadError, ModelNotFound
@@ -41,6 +42,7 @@ class LoadedModel:
     info: ModelInfo
     # mlx-lm's parser for the dialect, where the engine has no reader of its own for it.
     tool_parser: ToolParser | None = None
+    kv: KVQuantization | None = None  # how its KV caches are held (None: unquantized)
 
 
 def _local_path(model: str) -> Path:
@@ -178,6 +180,13 @@ def load_model(config: EngineConfig) -> LoadedModel:
     except Exception as exc:  # mlx-lm raises many kinds; all mean "cannot load"
         raise ModelLoadError(f"cannot load model {config.model}: {exc}") from exc
     base_model = model
+    try:
+        kv = resolve(config.kv_bits, config.kv_group_size, head_dim(base_model))
+    except ValueError as exc:
+        raise ModelLoadError(
+            f"cannot quantize the KV cache of {config.model}: {exc}",
+            hint="pick a --kv-group-size that divides it (32, 64 or 128)",
+        ) from exc
     if config.model_wrapper is not None:
         model = config.model_wrapper(model)
     syntax = tool_syntax(tokenizer, config.tool_format)
@@ -214,6 +223,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
         tokenizer=tokenizer,
         info=info,
         tool_parser=syntax.parser,
+        kv=kv,
     )
 
 

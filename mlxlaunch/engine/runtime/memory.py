@@ -11,6 +11,7 @@ Runs on the worker thread (it calls MLX).
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,10 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
+from mlxlaunch.engine.runtime.quantized_kv import KVQuantization, head_dim
 from mlxlaunch.engine.types import GenerationFailed
+
+log = logging.getLogger(__name__)
 
 # Share of the memory limit the buffer cache (freed buffers kept for reuse) may hold.
 CACHE_SHARE = 0.25
@@ -73,8 +77,9 @@ def _dtype_bytes(model: Any) -> int:
     return 2
 
 
-def kv_bytes_per_token(model: Any) -> int:
-    """Estimated KV-cache bytes one token of context costs (0 when the model is unusual).
+def kv_bytes_per_token(model: Any, kv: KVQuantization | None = None) -> int:
+    """Estimated KV-cache bytes one token of context costs (0 when the model is unusual),
+    held as `kv` says (None: in the model's own dtype).
 
     Counts the model's plain KV caches (keys and values: kv_heads × head_dim each); other
     cache kinds (sliding windows, state-space layers) are bounded, so they are left out.
@@ -84,14 +89,13 @@ def kv_bytes_per_token(model: Any) -> int:
         return 0
     heads = getattr(args, "num_attention_heads", None)
     kv_heads = getattr(args, "num_key_value_heads", None) or heads
-    head_dim = getattr(args, "head_dim", None)
-    if head_dim is None and heads:
-        hidden = getattr(args, "hidden_size", None)
-        head_dim = hidden // heads if hidden else None
-    if not kv_heads or not head_dim:
+    dim = head_dim(model)
+    if not kv_heads or not dim:
         return 0
     layers = sum(isinstance(c, KVCache) for c in make_prompt_cache(model))
-    return int(layers * 2 * kv_heads * head_dim * _dtype_bytes(model))
+    dtype_bytes = _dtype_bytes(model)
+    per_value = dtype_bytes if kv is None else kv.bytes_per_value(dtype_bytes)
+    return int(layers * 2 * kv_heads * dim * per_value)
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,13 @@ class MemoryBudget:
     def free_for_kv(self) -> int:
         return max(0, self.limit - self.weights)
 
+    def tokens_that_fit(self, shards: int = 1) -> int | None:
+        """The longest context whose KV fits what the weights leave free (None: unknown);
+        `shards`: ranks of a cluster, each holding its share of every token's KV."""
+        if self.limit <= 0 or self.per_token <= 0:
+            return None
+        return self.free_for_kv * max(1, shards) // self.per_token
+
     def check(self, context_tokens: int) -> None:
         """Raise GenerationFailed if `context_tokens` of KV could never fit."""
         if self.limit <= 0 or self.per_token <= 0:
@@ -118,6 +129,27 @@ class MemoryBudget:
                 f"{_size(self.free_for_kv)} is left under the memory limit "
                 "(lower max_tokens, shorten the prompt, or raise --memory-fraction)"
             )
+
+
+def window_that_fits(
+    window: int, budget: MemoryBudget | None, kv: KVQuantization | None, shards: int = 1
+) -> int:
+    """The context window to serve: the model's `window`, capped by what `budget` holds the
+    KV of (logged when it is), so that what clients are told, compact by and are refused
+    over (a 400) is what fits, not a window whose last part would fail for memory."""
+    fits = budget.tokens_that_fit(shards) if budget is not None else None
+    if fits is None or fits >= window:
+        return window
+    fits = max(2, fits)
+    log.warning(
+        "serving a %d-token context window, not the model's %d: the %s KV of more does "
+        "not fit in the memory the weights leave free%s",
+        fits,
+        window,
+        f"{kv.bits}-bit" if kv is not None else "unquantized",
+        "" if kv is not None and kv.bits == 4 else " (try --kv-bits 8 or 4)",
+    )
+    return fits
 
 
 def _size(n: int) -> str:

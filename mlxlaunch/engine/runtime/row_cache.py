@@ -14,7 +14,10 @@ positions exactly as `BatchKVCache` does; only after unequal rollbacks does a wr
 slice per row and the mask carry each row's end.
 
 Only layers whose cache is a plain `KVCache` can be held this way (`rollback_capable`): a
-rotating window, a quantized cache or a recurrent state cannot be rolled back by moving an end.
+rotating window or a recurrent state cannot be rolled back by moving an end. A layer's keys
+and values are a tree of buffers with the token axis at 2: one array each here, the packed
+values with their scales and biases in the quantized subclass (runtime/quantized_kv.py), which
+is also prefilled here (`prepare` / `finalize`, the right padding of mlx-lm's prompt batch).
 """
 
 from __future__ import annotations
@@ -23,11 +26,29 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 import mlx.core as mx
+from mlx.utils import tree_flatten, tree_map
 from mlx_lm.models.base import create_causal_mask
-from mlx_lm.models.cache import BatchKVCache, KVCache, make_prompt_cache
+from mlx_lm.models.cache import BatchKVCache, KVCache, dynamic_roll, make_prompt_cache
 
 # Growth of the buffer, in positions (as BatchKVCache: a reallocation every 256 tokens).
 STEP = 256
+
+Buffers = Any  # one layer's keys (or values): an array, or a tuple of arrays (quantized)
+
+
+def _leaves(tree: Buffers) -> list[mx.array]:
+    flat: Any = tree_flatten(tree)
+    return [leaf for _, leaf in flat]
+
+
+def _write(buffer: mx.array, new: mx.array, row: int | None, start: int) -> mx.array:
+    """`new` written into `buffer` at token `start` (of one row, or of all: row None)."""
+    n = int(new.shape[2])
+    if row is None:
+        buffer[..., start : start + n, :] = new
+    else:
+        buffer[row : row + 1, :, start : start + n, :] = new[row : row + 1]
+    return buffer
 
 
 def rollback_capable(model: Any) -> str | None:
@@ -54,7 +75,7 @@ class RowKVCache(BatchKVCache):
         self.values: mx.array | None = None  # type: ignore[assignment]
         self.lefts = list(lefts)
         self.ends = list(ends)
-        self._right_padding = None
+        self._right_padding: list[int] | None = None  # type: ignore[assignment]
         self._sync()
 
     # --- construction ---------------------------------------------------------------------
@@ -92,38 +113,57 @@ class RowKVCache(BatchKVCache):
         """Every row ends at the same position (the mlx-lm batch cache's layout)."""
         return len(set(self.ends)) <= 1
 
-    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[Any, Any]:
         n = int(keys.shape[2])
+        keys, values = self._encode(keys), self._encode(values)
         self._reserve(keys, values, max(self.ends) + n)
         assert self.keys is not None and self.values is not None
         if self.aligned:
-            start = self.ends[0]
-            self.keys[..., start : start + n, :] = keys
-            self.values[..., start : start + n, :] = values
+            self._put(keys, values, None, self.ends[0])
         else:  # one slice per row (a scatter costs more here, measured)
             for row, start in enumerate(self.ends):
-                self.keys[row : row + 1, :, start : start + n, :] = keys[row : row + 1]
-                self.values[row : row + 1, :, start : start + n, :] = values[row : row + 1]
+                self._put(keys, values, row, start)
         self.ends = [e + n for e in self.ends]
         self.offset = self.offset + n
         self._idx = max(self.ends)
-        return self.keys[..., : self._idx, :], self.values[..., : self._idx, :]
+        used = self._idx
+        return (
+            tree_map(lambda b: b[..., :used, :], self.keys),
+            tree_map(lambda b: b[..., :used, :], self.values),
+        )
 
-    def _reserve(self, keys: mx.array, values: mx.array, needed: int) -> None:
+    def _put(self, keys: Buffers, values: Buffers, row: int | None, start: int) -> None:
+        def write(buffer: mx.array, new: mx.array) -> mx.array:
+            return _write(buffer, new, row, start)
+
+        self.keys = tree_map(write, self.keys, keys)
+        self.values = tree_map(write, self.values, values)
+
+    def _encode(self, x: mx.array) -> Buffers:
+        """New keys or values as the buffers hold them (here: as they are)."""
+        return x
+
+    def _single(self) -> Any:
+        """An empty single-sequence cache of the kind a row is extracted as."""
+        return KVCache()
+
+    def _reserve(self, keys: Buffers, values: Buffers, needed: int) -> None:
         """Grow the buffers (in STEP positions past the rows' last end) so `needed` fit."""
-        held = 0 if self.keys is None else int(self.keys.shape[2])
+        held = 0 if self.keys is None else int(_leaves(self.keys)[0].shape[2])
         if needed <= held:
             return
         used = max(self.ends, default=0) if self.keys is not None else 0
-        batch, heads, _, k_dim = keys.shape
         grow = ((needed - used + STEP - 1) // STEP) * STEP
-        new_k = mx.zeros((batch, heads, grow, k_dim), keys.dtype)
-        new_v = mx.zeros((batch, heads, grow, values.shape[3]), values.dtype)
+        new_k, new_v = _zeros(keys, grow), _zeros(values, grow)
         if self.keys is None or self.values is None:
             self.keys, self.values = new_k, new_v
         else:
-            self.keys = mx.concatenate([self.keys[..., :used, :], new_k], axis=2)
-            self.values = mx.concatenate([self.values[..., :used, :], new_v], axis=2)
+            self.keys = tree_map(
+                lambda b, z: mx.concatenate([b[..., :used, :], z], axis=2), self.keys, new_k
+            )
+            self.values = tree_map(
+                lambda b, z: mx.concatenate([b[..., :used, :], z], axis=2), self.values, new_v
+            )
 
     def make_mask(
         self, N: int, return_array: bool = False, window_size: int | None = None, **kwargs: Any
@@ -181,7 +221,7 @@ class RowKVCache(BatchKVCache):
     def nbytes(self) -> int:
         if self.keys is None or self.values is None:
             return 0
-        return int(self.keys.nbytes + self.values.nbytes)
+        return int(sum(a.nbytes for a in _leaves((self.keys, self.values))))
 
     def filter(self, batch_indices: Sequence[int]) -> None:
         """Keep the rows `batch_indices` (in that order), dropping padding no row needs."""
@@ -191,8 +231,8 @@ class RowKVCache(BatchKVCache):
         shift = min(lefts, default=0)
         if self.keys is not None and self.values is not None:
             index = mx.array(keep)
-            self.keys = self.keys[index][..., shift:, :]
-            self.values = self.values[index][..., shift:, :]
+            self.keys = tree_map(lambda b: b[index][..., shift:, :], self.keys)
+            self.values = tree_map(lambda b: b[index][..., shift:, :], self.values)
         self.lefts = [left - shift for left in lefts]
         self.ends = [e - shift for e in ends]
         self._sync()
@@ -207,7 +247,7 @@ class RowKVCache(BatchKVCache):
             self._sync()
             return
         used = max(self._idx, other._idx)
-        rows: list[tuple[mx.array, mx.array]] = []
+        rows: list[tuple[Buffers, Buffers]] = []
         sample = self.keys if self.keys is not None else other.keys
         assert sample is not None
         lefts: list[int] = []
@@ -218,32 +258,38 @@ class RowKVCache(BatchKVCache):
             rows.append((keys, values))
             lefts += [left + shift for left in part.lefts]
             ends += [e + shift for e in part.ends]
-        self.keys = mx.concatenate([k for k, _ in rows])
-        self.values = mx.concatenate([v for _, v in rows])
+        self.keys = tree_map(lambda *parts: mx.concatenate(list(parts)), *[k for k, _ in rows])
+        self.values = tree_map(lambda *parts: mx.concatenate(list(parts)), *[v for _, v in rows])
         self.lefts, self.ends = lefts, ends
         self._sync()
 
-    def _padded(self, sample: mx.array, shift: int, used: int) -> tuple[mx.array, mx.array]:
-        """This cache's first `used - shift` positions moved right by `shift` (zeros before)."""
+    def _padded(self, sample: Buffers, shift: int, used: int) -> tuple[Buffers, Buffers]:
+        """This cache's first `used - shift` positions moved right by `shift` (zeros before).
+        `sample`: another cache's keys (what an empty one's rows are shaped after)."""
         rows = len(self.lefts)
         if self.keys is None or self.values is None:
-            shape = (rows, sample.shape[1], used, sample.shape[3])
-            return mx.zeros(shape, sample.dtype), mx.zeros(shape, sample.dtype)
-        keys = self.keys[..., : used - shift, :]
-        values = self.values[..., : used - shift, :]
-        if shift:
-            pad = [(0, 0), (0, 0), (shift, 0), (0, 0)]
-            keys, values = mx.pad(keys, pad), mx.pad(values, pad)
-        return keys, values
+            empty = _zeros(tree_map(lambda b: b[:1], sample), used, rows)
+            return empty, empty
+        pad = [(0, 0), (0, 0), (shift, 0), (0, 0)]
+
+        def cut(b: mx.array) -> mx.array:
+            b = b[..., : used - shift, :]
+            return mx.pad(b, pad) if shift else b
+
+        return tree_map(cut, self.keys), tree_map(cut, self.values)
 
     def extract(self, idx: int, end: int | None = None) -> KVCache:
         """Row `idx` as a single-sequence cache (a copy), up to `end` (default: its end)."""
-        cache = KVCache()
+        cache = self._single()
         stop = self.ends[idx] if end is None else min(end, self.ends[idx])
         if self.keys is not None and self.values is not None:
             start = self.lefts[idx]
-            cache.keys = mx.contiguous(self.keys[idx : idx + 1, :, start:stop])
-            cache.values = mx.contiguous(self.values[idx : idx + 1, :, start:stop])
+
+            def row(b: mx.array) -> mx.array:
+                return mx.contiguous(b[idx : idx + 1, :, start:stop])
+
+            cache.keys = tree_map(row, self.keys)
+            cache.values = tree_map(row, self.values)
             cache.offset = stop - start
         return cache
 
@@ -251,8 +297,41 @@ class RowKVCache(BatchKVCache):
         """Positions row `idx` holds."""
         return self.ends[idx] - self.lefts[idx]
 
-    def prepare(self, **kwargs: Any) -> None:
-        raise NotImplementedError("rows are prefilled in mlx-lm's batch cache, then held here")
+    # --- prompt processing (mlx-lm's PromptProcessingBatch) -------------------------------
+
+    def prepare(
+        self,
+        *,
+        left_padding: Sequence[int] | None = None,
+        lengths: Sequence[int] | None = None,
+        right_padding: Sequence[int] | None = None,
+    ) -> None:
+        """Before a right-padded prompt chunk: remember each row's padding (see finalize)."""
+        if left_padding is not None:
+            raise NotImplementedError("rows join with their padding already known")
+        if right_padding is not None and max(right_padding, default=0) > 0:
+            self._right_padding = list(right_padding)
 
     def finalize(self) -> None:
-        raise NotImplementedError("rows are prefilled in mlx-lm's batch cache, then held here")
+        """After a right-padded chunk: move each row's padding to its left (as mlx-lm's batch
+        cache does), so every row ends at the same position again."""
+        padding = self._right_padding
+        if padding is None:
+            return
+        self._right_padding = None
+        if self.keys is not None and self.values is not None:
+            shifts = mx.array(padding)[:, None]
+            self.keys = tree_map(lambda b: dynamic_roll(b, shifts, axis=2), self.keys)
+            self.values = tree_map(lambda b: dynamic_roll(b, shifts, axis=2), self.values)
+        self.lefts = [left + p for left, p in zip(self.lefts, padding, strict=True)]
+        self._sync()
+
+
+def _zeros(sample: Buffers, positions: int, rows: int | None = None) -> Buffers:
+    """Empty buffers shaped as `sample`'s (rows, heads, ·, dim) for `positions` tokens."""
+
+    def zeros(b: mx.array) -> mx.array:
+        count = int(b.shape[0]) if rows is None else rows
+        return mx.zeros((count, b.shape[1], positions, b.shape[3]), b.dtype)
+
+    return tree_map(zeros, sample)

@@ -30,6 +30,7 @@ from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from mlxlaunch.engine.decoding.draft_model import DraftModel
 from mlxlaunch.engine.decoding.drafting import DraftWidth, PromptLookup
+from mlxlaunch.engine.runtime.quantized_kv import QuantizedRowKVCache
 from mlxlaunch.engine.scheduling.decode import (
     DecodeBatch,
     Emitted,
@@ -212,6 +213,15 @@ class Batch:
 
     def __len__(self) -> int:
         return len(self._waiting) + len(self._prefilling) + len(self.decode)
+
+    def kv_bytes(self) -> int:
+        """Bytes the sequences' KV caches hold now: waiting (their reused prefixes),
+        prefilling and decoding (buffers with their spare room, as allocated)."""
+        caches = [c for s in self._waiting for c in s.cache]
+        caches += self.decode.caches + [c for part in self._joining for c in part]
+        if self._prefill is not None:
+            caches += self._prefill.prompt_cache
+        return int(sum(getattr(c, "nbytes", 0) for c in caches))
 
     # --- one step -------------------------------------------------------------------------
 
@@ -398,6 +408,8 @@ def _split_rows(caches: list[Any], indices: list[int]) -> list[Any]:
         if type(cache) is BatchKVCache:  # copy those rows only
             rows: list[KVCache] = [cache.extract(i) for i in indices]
             out.append(BatchKVCache.merge(rows))
+        elif type(cache) is QuantizedRowKVCache:
+            out.append(QuantizedRowKVCache.of_sequences([cache.extract(i) for i in indices]))
         else:  # any other cache type: a copy of the whole batch, cut to the rows
             mine = copy.deepcopy(cache)
             mine.filter(indices)

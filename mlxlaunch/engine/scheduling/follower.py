@@ -16,13 +16,13 @@ import threading
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import make_prompt_cache
 
 from mlxlaunch.engine.cache.prefix import PrefixCache
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.decoding.sampling import resolve_sampling, sampler_for
 from mlxlaunch.engine.runtime import cpu_attention, freed_memory
 from mlxlaunch.engine.runtime.loader import LoadedModel, load_model
+from mlxlaunch.engine.runtime.quantized_kv import new_caches
 from mlxlaunch.engine.runtime.rank_group import RankGroup
 from mlxlaunch.engine.scheduling import cluster_ops as ops
 from mlxlaunch.engine.scheduling.batch import Batch, make_batch
@@ -112,6 +112,7 @@ class Follower:
         # The same warm-up as rank 0's (same shapes, so the same collectives).
         warm_up_loaded(
             loaded.base_model,
+            kv=loaded.kv,
             width=self.config.max_concurrency,
             prefill_chunk=self.config.prefill_chunk,
             sampler=sampler_for(resolve_sampling(Sampling(), loaded.info.sampling_defaults)),
@@ -157,7 +158,7 @@ class Follower:
             held, caches = plan.cached_tokens, plan.caches
         cached, caches = settle(held, caches, self.group.agree_min)
         if caches is None:
-            caches = list(make_prompt_cache(loaded.base_model))
+            caches = new_caches(loaded.base_model, loaded.kv)
         # A sampler of its own where rank 0's job has one: the batch then samples row by row
         # on both ranks, one collective per row (a fresh function, as rank 0's are distinct).
         sampler: Any = echo_sampler(self.group) if op.own_sampler else None

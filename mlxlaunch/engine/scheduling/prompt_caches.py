@@ -15,12 +15,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from mlx_lm.models.cache import make_prompt_cache
-
 from mlxlaunch.engine.cache.misses import CacheReuse
 from mlxlaunch.engine.cache.prefix import PrefixCache, cache_settings
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.runtime.loader import LoadedModel
+from mlxlaunch.engine.runtime.quantized_kv import KVQuantization, new_caches
 from mlxlaunch.engine.scheduling.job import Job
 from mlxlaunch.engine.scheduling.retention import retain_job
 from mlxlaunch.engine.stats import StatsBook
@@ -39,9 +38,11 @@ class PromptCaches:
         self._tokenizer_lock = lock
         self.prefix: PrefixCache | None = None
         self._planned: dict[Job, list[Any]] = {}  # caches planned at admission, until insert
+        self._kv: KVQuantization | None = None  # how the loaded model's caches are held
 
     def open(self, loaded: LoadedModel) -> PrefixCache | None:
         """Build the loaded model's prefix cache, restoring its recent prefixes from disk."""
+        self._kv = loaded.kv
         settings = cache_settings(self._config)
         if settings.memory_bytes <= 0:
             self.prefix = None
@@ -52,7 +53,7 @@ class PromptCaches:
             with self._tokenizer_lock:
                 return str(tokenizer.decode(tokens))
 
-        prefix = PrefixCache(loaded.base_model, loaded.info.path, settings, decode)
+        prefix = PrefixCache(loaded.base_model, loaded.info.path, settings, decode, kv=loaded.kv)
         prefix.restore()  # warm start: this model's recent prefixes from disk, before requests
         self.prefix = prefix
         self.publish()
@@ -83,7 +84,7 @@ class PromptCaches:
             job.cached_tokens, planned = settle(job.cached_tokens, planned, agree)
         if planned is not None:
             return planned
-        return list(make_prompt_cache(model))
+        return new_caches(model, self._kv)
 
     def forget(self, job: Job) -> None:
         self._planned.pop(job, None)

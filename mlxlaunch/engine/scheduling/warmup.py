@@ -25,8 +25,8 @@ import time
 from typing import Any
 
 import mlx.nn as nn
-from mlx_lm.models.cache import make_prompt_cache
 
+from mlxlaunch.engine.runtime.quantized_kv import KVQuantization, new_caches
 from mlxlaunch.engine.scheduling.batch import Batch
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,7 @@ def warm_up(
     width: int,
     prefill_chunk: int,
     sampler: Any = None,
+    kv: KVQuantization | None = None,
     cache: list[Any] | None = None,
     prompt_tokens: int = WARMUP_PROMPT_TOKENS,
 ) -> float | None:
@@ -66,7 +67,7 @@ def warm_up(
         batch.insert(
             prompt,
             max_tokens=WARMUP_OUTPUT_TOKENS,
-            cache=cache if cache is not None else list(make_prompt_cache(model)),
+            cache=cache if cache is not None else new_caches(model, kv),
             held=[],
             sampler=sampler,
         )
@@ -89,12 +90,13 @@ def warm_up_loaded(
     width: int,
     prefill_chunk: int,
     sampler: Any = None,
+    kv: KVQuantization | None = None,
     restored: list[Any] | None = None,
 ) -> None:
     """The engine's warm-up after a load: a tiny generation on a fresh cache, then, when
     prefixes were restored from disk, a few tokens on top of `restored` (a private copy of
     the most recent one), at the context length a first request will continue."""
-    warm_up(model, width=width, prefill_chunk=prefill_chunk, sampler=sampler)
+    warm_up(model, width=width, prefill_chunk=prefill_chunk, sampler=sampler, kv=kv)
     if restored is not None:
         warm_up(
             model,

@@ -35,7 +35,12 @@ from mlxlaunch.engine.prompt.render import PromptRenderer
 from mlxlaunch.engine.prompt.render_date import pinned_render_date
 from mlxlaunch.engine.runtime import cpu_attention, freed_memory
 from mlxlaunch.engine.runtime.loader import LoadedModel, load_model
-from mlxlaunch.engine.runtime.memory import MemoryBudget, apply_memory_limits, kv_bytes_per_token
+from mlxlaunch.engine.runtime.memory import (
+    MemoryBudget,
+    apply_memory_limits,
+    kv_bytes_per_token,
+    window_that_fits,
+)
 from mlxlaunch.engine.runtime.mlx_thread import run_on_mlx_thread
 from mlxlaunch.engine.scheduling.batch import Batch, Counters, greedy, make_batch
 from mlxlaunch.engine.scheduling.job import Job, OutputStream, batched_delivery
@@ -548,6 +553,10 @@ class Worker:
         self.loaded = loaded
         cpu_attention.install(loaded.base_model)  # the CPU backend's, before the model runs
         self._memory = self._memory_budget(loaded)
+        # No longer a window than this machine holds the KV of (what clients are told).
+        shards = self.config.cluster.group.size if self.config.cluster else 1
+        window = window_that_fits(loaded.info.context_window, self._memory, loaded.kv, shards)
+        loaded.info = replace(loaded.info, context_window=window)
         prefix = self._caches.open(loaded)
         disk = prefix.disk if prefix is not None else None
         self.renderer = PromptRenderer(
@@ -562,6 +571,7 @@ class Worker:
         self.renderer.warm(restored)  # the first prompt that continues one: incremental
         warm_up_loaded(  # MLX's first-pass set-up now, not in the first request's TTFT
             loaded.base_model,
+            kv=loaded.kv,
             width=self.config.max_concurrency,
             prefill_chunk=self.config.prefill_chunk,
             # What a request that sets nothing samples with, compiled now.
@@ -573,6 +583,7 @@ class Worker:
             ),
         )
         self.stats.model = loaded.info.id
+        self.stats.kv_bits = loaded.kv.bits if loaded.kv is not None else 16
         self.stats.state = "loaded"
 
     def _require_loaded(self) -> LoadedModel:
@@ -635,7 +646,7 @@ class Worker:
             return None
         limits = apply_memory_limits(fraction)
         self.stats.memory_limit_bytes = limits.limit
-        per_token = kv_bytes_per_token(loaded.base_model)
+        per_token = kv_bytes_per_token(loaded.base_model, loaded.kv)
         return MemoryBudget(limits.limit, int(mx.get_active_memory()), per_token)
 
     def _sweep(self) -> None:
@@ -662,3 +673,5 @@ class Worker:
             self._memory_polled_at = now
             self.stats.memory_active_bytes = int(mx.get_active_memory())
             self.stats.memory_cache_bytes = int(mx.get_cache_memory())
+        batch = self._generator  # every step: an idle engine reads 0 at once (no MLX call)
+        self.stats.kv_running_bytes = batch.kv_bytes() if batch is not None and len(batch) else 0
