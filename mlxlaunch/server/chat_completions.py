@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
@@ -380,15 +380,15 @@ class ChatCompletionsApi:
         return await answer_whole(request, generation, wire)
 
 
+@dataclass
 class ChatWire:
     """Chat Completions' encoder for the drive loop: chunk lines ending in `data: [DONE]`, a
     ping comment during silence, or the completion that is the chunks' reduction."""
 
-    heartbeat = PING_LINE
-    unfinished = "the completion"
+    heartbeat: ClassVar[bytes] = PING_LINE
+    unfinished: ClassVar[str] = "the completion"
 
-    def __init__(self, chunks: ChatChunkStream) -> None:
-        self.chunks = chunks
+    chunks: ChatChunkStream
 
     @property
     def finished(self) -> bool:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -123,27 +123,20 @@ class MessagesApi:
         return bool(info is not None and info.vision)
 
 
+@dataclass
 class MessageWire:
     """The Messages API's encoder for the drive loop: SSE events in PROTOCOL.md order, or the
     message they reduce to; a threaded turn's reply is kept, the safety check's verdicts
     ride on the reply (its `message_delta` on a stream)."""
 
-    heartbeat = encode_event(PingEvent())
-    unfinished = "the message"
+    heartbeat: ClassVar[bytes] = encode_event(PingEvent())
+    unfinished: ClassVar[str] = "the message"
 
-    def __init__(
-        self,
-        blocks: ContentBlockStream,
-        threads: ThreadStore,
-        turn: ThreadTurn | None,
-        check: PendingCheck | None,
-        heartbeat_s: float,  # how often the safety check's wait pings
-    ) -> None:
-        self.heartbeat_s = heartbeat_s
-        self.blocks = blocks
-        self.threads = threads
-        self.turn = turn
-        self.check = check
+    blocks: ContentBlockStream
+    threads: ThreadStore
+    turn: ThreadTurn | None
+    check: PendingCheck | None
+    heartbeat_s: float  # how often the safety check's wait pings
 
     @property
     def finished(self) -> bool:

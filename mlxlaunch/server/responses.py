@@ -14,9 +14,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import TypeAdapter
 from starlette.requests import Request
@@ -141,17 +141,17 @@ def _translate(exc: Exception) -> ApiError:
     return openai_engine_error(exc, param="input")
 
 
+@dataclass
 class ResponseWire:
     """The Responses API's encoder for the drive loop: events in the Responses grammar, with
     keep-alive comments during silence, or the response object they build. A stored
     response is kept before its last event goes out (or before the whole answer is sent)."""
 
-    heartbeat = KEEPALIVE
-    unfinished = "the response"
+    heartbeat: ClassVar[bytes] = KEEPALIVE
+    unfinished: ClassVar[str] = "the response"
 
-    def __init__(self, stream: ResponseStream, keep: Callable[[ResponseObject], None]) -> None:
-        self.stream = stream
-        self.keep = keep
+    stream: ResponseStream
+    keep: Callable[[ResponseObject], None]  # a stored response's conversation, once done
 
     @property
     def finished(self) -> bool:

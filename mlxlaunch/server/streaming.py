@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Any, ClassVar, Final, Protocol
 
 import anyio
 from starlette.requests import Request
@@ -189,8 +189,8 @@ class TrailingStreamingResponse(StreamingResponse):
 class Encoder(Protocol):
     """One API's answer built from engine events: its stream frames and its whole answer."""
 
-    heartbeat: bytes  # sent on a stream during silence
-    unfinished: str  # what the answer is called when the events end before it is done
+    heartbeat: ClassVar[bytes]  # sent on a stream during silence
+    unfinished: ClassVar[str]  # what the answer is called when the events end before it is done
 
     @property
     def finished(self) -> bool: ...

@@ -20,11 +20,9 @@ A thread being continued stays, whatever the TTL and the budget.
 from __future__ import annotations
 
 import re
-import time
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from functools import cached_property
 from typing import Any
 
 from mlxlaunch.protocol.requests import MessagesRequest
@@ -55,13 +53,8 @@ class HeldThread:
     messages: list[dict[str, Any]]
 
     def fields(self) -> dict[str, Any]:
-        """What its file holds (after the format marker)."""
-        return {
-            "message_id": self.message_id,
-            "system": self.system,
-            "tools": self.tools,
-            "messages": self.messages,
-        }
+        """What its file holds (after the format marker): its fields, by name."""
+        return dict(vars(self))
 
 
 @dataclass
@@ -104,15 +97,15 @@ class ThreadStore(ConversationStore[HeldThread]):
     what = "threads"
     noun = "thread"
 
-    def __init__(
-        self,
-        limits: ThreadLimits | None = None,
-        directory: Path | None = None,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        super().__init__(limits, directory, clock)
-        self._in_flight: set[str] = set()
-        self._continued: OrderedDict[str, None] = OrderedDict()
+    @cached_property
+    def _in_flight(self) -> set[str]:
+        """Threads being continued (each by one request at a time)."""
+        return set()
+
+    @cached_property
+    def _continued(self) -> OrderedDict[str, None]:
+        """Threads continued once (tombstones, newest last)."""
+        return OrderedDict()
 
     # --- a request's turn ---------------------------------------------------------------
 
