@@ -14,7 +14,7 @@ from typing import Any
 
 import anthropic
 import pytest
-from engine_helpers import ScriptedServer, scripted_server
+from engine_helpers import Served, scripted_server
 
 from mlxlaunch.server import context_edits
 from mlxlaunch.server.context_edits import CLEARED_TOOL_RESULT
@@ -28,7 +28,7 @@ CALL = '<tool_call>\n{"name": "Read", "arguments": {"path": "%s"}}\n</tool_call>
 
 
 @pytest.fixture(scope="module")
-def served(tiny_model_dir: Path) -> Iterator[ScriptedServer]:
+def served(tiny_model_dir: Path) -> Iterator[Served]:
     with scripted_server(tiny_model_dir, TOKEN) as server:
         yield server
 
@@ -69,7 +69,7 @@ def _clear_tools(**fields: Any) -> dict[str, Any]:
 
 
 def _create(
-    served: ScriptedServer, messages: list[dict[str, Any]], edits: dict[str, Any], **more: Any
+    served: Served, messages: list[dict[str, Any]], edits: dict[str, Any], **more: Any
 ) -> Any:
     """One non-streaming beta request with `edits`, answered with a single token."""
     create: Any = served.anthropic.beta.messages.create  # untyped: tests send loose dicts
@@ -84,12 +84,12 @@ def _create(
     )
 
 
-def _tool_contents(served: ScriptedServer) -> list[str]:
+def _tool_contents(served: Served) -> list[str]:
     """What the model was shown as tool results, in the last request it served."""
     return [m.content for m in served.scripted.requests[-1].messages if m.role == "tool"]
 
 
-def test_cleared_results_reach_the_model_as_placeholders(served: ScriptedServer) -> None:
+def test_cleared_results_reach_the_model_as_placeholders(served: Served) -> None:
     edits = _clear_tools(
         trigger={"type": "tool_uses", "value": 4}, keep={"type": "tool_uses", "value": 2}
     )
@@ -114,7 +114,7 @@ def test_cleared_results_reach_the_model_as_placeholders(served: ScriptedServer)
     )
 
 
-def test_the_stream_carries_the_edits_on_message_delta(served: ScriptedServer) -> None:
+def test_the_stream_carries_the_edits_on_message_delta(served: Served) -> None:
     events: list[Any] = []
     with served.anthropic.beta.messages.stream(
         model="m",
@@ -142,7 +142,7 @@ def test_the_stream_carries_the_edits_on_message_delta(served: ScriptedServer) -
 
 
 def test_below_the_trigger_nothing_is_cleared_and_the_answer_says_so(
-    served: ScriptedServer,
+    served: Served,
 ) -> None:
     reply = _create(served, _session(3), _clear_tools())  # the default trigger: 100k tokens
     assert reply.context_management is not None
@@ -150,7 +150,7 @@ def test_below_the_trigger_nothing_is_cleared_and_the_answer_says_so(
     assert CLEARED_TOOL_RESULT not in _tool_contents(served)
 
 
-def test_clear_at_least_is_a_floor(served: ScriptedServer) -> None:
+def test_clear_at_least_is_a_floor(served: Served) -> None:
     # Two clearable uses of ~600 tokens: never 100k at once.
     edits = _clear_tools(
         trigger={"type": "tool_uses", "value": 1},
@@ -162,7 +162,7 @@ def test_clear_at_least_is_a_floor(served: ScriptedServer) -> None:
     assert reply.context_management.applied_edits == []
 
 
-def test_thinking_of_older_turns_is_cleared(served: ScriptedServer) -> None:
+def test_thinking_of_older_turns_is_cleared(served: Served) -> None:
     keep = {"type": "thinking_turns", "value": 1}
     edits = {"edits": [{"type": "clear_thinking_20251015", "keep": keep}]}
     thinking = {"type": "enabled", "budget_tokens": 1024}
@@ -176,7 +176,7 @@ def test_thinking_of_older_turns_is_cleared(served: ScriptedServer) -> None:
     assert [t.reasoning for t in turns] == [None, None, None, "Next, file 3."]
 
 
-def test_claude_codes_own_edit_clears_nothing(served: ScriptedServer, fixtures_dir: Path) -> None:
+def test_claude_codes_own_edit_clears_nothing(served: Served, fixtures_dir: Path) -> None:
     body = json.loads((fixtures_dir / "tool-result-request.json").read_text())["body"]
     body.update(stream=False, max_tokens=1)
     response = served.post("/v1/messages", body)
@@ -188,7 +188,7 @@ def test_claude_codes_own_edit_clears_nothing(served: ScriptedServer, fixtures_d
 
 
 def test_count_tokens_gives_the_original_count_beside_the_edited_one(
-    served: ScriptedServer,
+    served: Served,
 ) -> None:
     client = served.anthropic
     edits = _clear_tools(
@@ -225,7 +225,7 @@ def test_count_tokens_gives_the_original_count_beside_the_edited_one(
     ],
 )
 def test_invalid_edits_are_400s_naming_the_field(
-    served: ScriptedServer, edit: dict[str, Any], named: str
+    served: Served, edit: dict[str, Any], named: str
 ) -> None:
     with pytest.raises(anthropic.BadRequestError) as info:
         _create(served, [{"role": "user", "content": "hi"}], {"edits": [edit]})
@@ -240,7 +240,7 @@ def test_invalid_edits_are_400s_naming_the_field(
 
 
 def _run_session(
-    served: ScriptedServer, name: str, turns: int, edits: dict[str, Any] | None
+    served: Served, name: str, turns: int, edits: dict[str, Any] | None
 ) -> list[Any]:
     """A tool loop of `turns` turns: the model calls Read, the client answers with a file's
     text and resends everything, as Claude Code does. The usage of each turn, in order.
@@ -267,7 +267,7 @@ def _run_session(
 
 
 def test_stepped_clearing_keeps_the_cached_prefix_across_turns(
-    served: ScriptedServer, monkeypatch: pytest.MonkeyPatch
+    served: Served, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The figure of issue 32: re-prefill caused by clear_tool_uses in a 40-turn session.
 

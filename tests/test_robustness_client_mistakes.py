@@ -179,7 +179,7 @@ def test_a_request_cut_short_is_logged_with_its_prompt(caplog: pytest.LogCapture
     import logging
 
     from mlxlaunch.engine.types import Admitted
-    from mlxlaunch.server.app import RequestLog
+    from mlxlaunch.server.request_log import RequestLog
 
     record = RequestLog("msg_x", "m", 0.0)
     record.observe(Admitted("msg_x", prompt_tokens=82_000, cached_tokens=80_000, max_tokens=9))

@@ -160,10 +160,6 @@ class ContentBlockStream:
         self._input_parts: list[str] = []  # its input so far (the reduction parses it at stop)
 
     @property
-    def started(self) -> bool:
-        return self._started
-
-    @property
     def finished(self) -> bool:
         return self._finished
 

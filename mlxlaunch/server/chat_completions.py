@@ -18,14 +18,14 @@ import asyncio
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
 
 from mlxlaunch.engine.types import (
@@ -43,7 +43,7 @@ from mlxlaunch.engine.types import StopReason as EngineStopReason
 from mlxlaunch.engine.types import Usage as EngineUsage
 from mlxlaunch.protocol import limits
 from mlxlaunch.protocol.errors import wire_path
-from mlxlaunch.protocol.limits import LARGE_BODY_BYTES, shown
+from mlxlaunch.protocol.limits import shown
 from mlxlaunch.protocol.openai_chat import (
     AssistantOut,
     ChatCompletion,
@@ -60,8 +60,9 @@ from mlxlaunch.protocol.openai_chat import (
     ToolCallDelta,
     ToolCallOut,
 )
+from mlxlaunch.server.auth import Guard
 from mlxlaunch.server.blocks import tool_input
-from mlxlaunch.server.bodies import json_object
+from mlxlaunch.server.bodies import parse_body
 from mlxlaunch.server.chat_mapping import client_call_id, to_generation_request
 from mlxlaunch.server.errors import ApiError
 from mlxlaunch.server.openai_errors import (
@@ -71,19 +72,8 @@ from mlxlaunch.server.openai_errors import (
     openai_error_response,
 )
 from mlxlaunch.server.request_log import RequestLog, log_refusal
-from mlxlaunch.server.streaming import (
-    EventPump,
-    _End,
-    cache_headers,
-    cancel_on_disconnect,
-    clamp_headers,
-)
-
-if TYPE_CHECKING:
-    from mlxlaunch.server.app import ServerSettings, ServingEngine
-
-
-Handler = Callable[[Request], Awaitable[Response]]
+from mlxlaunch.server.settings import ServerSettings, ServingEngine
+from mlxlaunch.server.streaming import answer_whole, stream_response, submit
 
 _FINISH_REASONS: dict[EngineStopReason, FinishReason] = {
     "end_turn": "stop",
@@ -99,11 +89,7 @@ DONE_LINE = b"data: [DONE]\n\n"
 PING_LINE = b": ping\n\n"
 
 
-def chat_routes(
-    engine: ServingEngine,
-    settings: ServerSettings,
-    guard: Callable[[Callable[..., Any]], Callable[..., Any]],
-) -> list[Route]:
+def chat_routes(engine: ServingEngine, settings: ServerSettings, guard: Guard) -> list[Route]:
     """The Chat Completions route, behind the server's auth guard."""
     api = ChatCompletionsApi(engine, settings)
     return [
@@ -115,14 +101,10 @@ def chat_routes(
     ]
 
 
-def parse_chat_body(raw_bytes: bytes) -> ChatCompletionRequest:
-    """Parse and validate a request body, or raise the 400 naming the field (as `param`)."""
-    raw = json_object(raw_bytes)
-    try:
-        return ChatCompletionRequest.model_validate(raw)
-    except ValidationError as exc:
-        message, param = describe_chat_error(exc, raw)
-        raise ApiError("invalid_request_error", message, details={"param": param}) from exc
+def chat_field_error(exc: ValidationError, raw: Any) -> ApiError:
+    """The 400 naming the offending fields, the first as OpenAI's `param`."""
+    message, param = describe_chat_error(exc, raw)
+    return ApiError("invalid_request_error", message, details={"param": param})
 
 
 _MAX_REPORTED_ERRORS = 3
@@ -363,11 +345,7 @@ class ChatCompletionsApi:
             return openai_error_response(error)
 
     async def _create(self, request: Request) -> Response:
-        raw = await request.body()
-        if len(raw) > LARGE_BODY_BYTES:  # parsed off the loop: /health stays live
-            body = await asyncio.to_thread(parse_chat_body, raw)
-        else:
-            body = parse_chat_body(raw)
+        body = await parse_body(request, ChatCompletionRequest, chat_field_error)
         completion_id = new_completion_id()
         info = self.engine.model_info
         try:
@@ -392,97 +370,45 @@ class ChatCompletionsApi:
             include_usage=body.include_usage,
         )
         record = RequestLog(completion_id, body.model, time.monotonic())
-        try:
-            pump = EventPump(self.engine.submit(gen))
-            # Non-streaming answers carry errors as statuses at any time: no need to wait here.
-            wait = self.settings.admission_grace_s if body.stream else 0.0
-            first = await pump.next(wait)
-        except Exception as exc:
-            error = openai_engine_error(exc)
-            record.finish(error.status)
-            raise error from exc
-        headers = {**clamp_headers(first), **cache_headers(first)}
+        generation = await submit(
+            self.engine, gen, record, self.settings, stream=body.stream,
+            translate=openai_engine_error,
+        )  # fmt: skip
+        wire = ChatWire(chunks)
         if body.stream:
-            return StreamingResponse(
-                self._stream(pump, first, chunks, record),
-                media_type="text/event-stream",
-                headers={"cache-control": "no-cache", "x-accel-buffering": "no", **headers},
-            )
-        return await self._complete(request, pump, first, chunks, record, headers)
+            return stream_response(generation, wire)
+        return await answer_whole(request, generation, wire)
 
-    async def _complete(
-        self,
-        request: Request,
-        pump: EventPump,
-        event: EngineEvent | _End | None,
-        chunks: ChatChunkStream,
-        record: RequestLog,
-        headers: dict[str, str],
-    ) -> Response:
-        """Non-streaming: run the same state machine, answer with its reduction."""
-        watcher = asyncio.create_task(
-            cancel_on_disconnect(request, self.engine.cancel, chunks.completion_id)
-        )
-        try:
-            while not isinstance(event, _End):
-                if event is not None:
-                    record.observe(event)
-                    headers.update(clamp_headers(event))
-                    headers.update(cache_headers(event))
-                    chunks.feed(event)
-                if chunks.finished:
-                    break
-                event = await pump.next(self.settings.heartbeat_s)
-            if not chunks.finished:
-                raise ApiError("api_error", "generation ended without finishing the completion")
-        except Exception as exc:
-            error = openai_engine_error(exc)
-            record.finish(error.status)
-            raise error from exc
-        finally:
-            watcher.cancel()
-            await pump.aclose()
-        left = watcher.done() and not watcher.cancelled()
-        record.finish(499 if left else 200)
-        return JSONResponse(chunks.completion().model_dump(mode="json"), headers=headers)
 
-    async def _stream(
-        self,
-        pump: EventPump,
-        event: EngineEvent | _End | None,
-        chunks: ChatChunkStream,
-        record: RequestLog,
-    ) -> AsyncIterator[bytes]:
-        """Streaming: chunk lines, a ping comment during silence, then `data: [DONE]`."""
-        heartbeat = self.settings.heartbeat_s
-        last_sent = time.monotonic()
-        status = 200
-        try:
-            while not isinstance(event, _End):
-                if event is not None:
-                    record.observe(event)
-                    for chunk in chunks.feed(event):
-                        yield sse_line(chunk)
-                        last_sent = time.monotonic()
-                if chunks.finished:
-                    break
-                # Progress events keep arriving during a long prefill: ping on elapsed time.
-                if time.monotonic() - last_sent >= heartbeat:
-                    yield PING_LINE
-                    last_sent = time.monotonic()
-                event = await pump.next(max(0.0, heartbeat - (time.monotonic() - last_sent)))
-            if not chunks.finished:
-                raise ApiError("api_error", "generation ended without finishing the completion")
+@dataclass
+class ChatWire:
+    """Chat Completions' encoder for the drive loop: chunk lines ending in `data: [DONE]`, a
+    ping comment during silence, or the completion that is the chunks' reduction."""
+
+    heartbeat: ClassVar[bytes] = PING_LINE
+    unfinished: ClassVar[str] = "the completion"
+
+    chunks: ChatChunkStream
+
+    @property
+    def finished(self) -> bool:
+        return self.chunks.finished
+
+    async def frames(self, event: EngineEvent) -> AsyncIterator[bytes]:
+        for chunk in self.chunks.feed(event):
+            yield sse_line(chunk)
+        if self.chunks.finished:
             yield DONE_LINE
-        except Exception as exc:
-            # Headers are gone: the error goes in the stream, as OpenAI's SDKs read it.
-            error = openai_engine_error(exc)
-            status = error.status
-            yield sse_line(openai_error(error))
-            yield DONE_LINE
-        finally:
-            if not chunks.finished:
-                self.engine.cancel(chunks.completion_id)
-                status = status if status != 200 else 499  # client went away
-            await pump.aclose()
-            record.finish(status)
+
+    def absorb(self, event: EngineEvent) -> None:
+        self.chunks.feed(event)
+
+    async def settle(self) -> None:
+        return None
+
+    def answer(self) -> dict[str, Any]:
+        return self.chunks.completion().model_dump(mode="json")
+
+    def failure(self, error: ApiError) -> list[bytes]:
+        # The error goes in the stream, as OpenAI's SDKs read it.
+        return [sse_line(openai_error(error)), DONE_LINE]

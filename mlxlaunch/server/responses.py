@@ -13,19 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import replace
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import TypeAdapter
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
 
 from mlxlaunch.engine.types import EngineEvent
-from mlxlaunch.protocol.errors import describe_validation_error
-from mlxlaunch.protocol.limits import LARGE_BODY_BYTES
 from mlxlaunch.protocol.openai_responses import (
     InputItem,
     InputItemOrEasy,
@@ -37,8 +35,9 @@ from mlxlaunch.protocol.openai_responses import (
     ResponsesRequest,
 )
 from mlxlaunch.protocol.sse import frame
-from mlxlaunch.server.bodies import json_object
-from mlxlaunch.server.errors import ApiError, engine_error
+from mlxlaunch.server.auth import Guard
+from mlxlaunch.server.bodies import parse_body
+from mlxlaunch.server.errors import ApiError
 from mlxlaunch.server.openai_errors import (
     in_openai_envelope,
     openai_detail,
@@ -49,22 +48,14 @@ from mlxlaunch.server.request_log import RequestLog, log_refusal
 from mlxlaunch.server.response_store import ResponseStore
 from mlxlaunch.server.responses_mapping import to_generation_request
 from mlxlaunch.server.responses_stream import ResponseStream, new_response, new_response_id
-from mlxlaunch.server.streaming import EventPump, _End, cache_headers, cancel_on_disconnect
+from mlxlaunch.server.settings import ServerSettings, ServingEngine
+from mlxlaunch.server.streaming import answer_whole, stream_response, submit
 
-if TYPE_CHECKING:
-    from mlxlaunch.server.app import ServerSettings, ServingEngine
-
-
-Handler = Callable[[Request], Awaitable[Response]]
 _ITEMS = TypeAdapter(list[InputItemOrEasy])
 KEEPALIVE = b": keepalive\n\n"  # an SSE comment: clients skip it, proxies see traffic
 
 
-def responses_routes(
-    engine: ServingEngine,
-    settings: ServerSettings,
-    guard: Callable[[Callable[..., Any]], Callable[..., Any]],
-) -> list[Route]:
+def responses_routes(engine: ServingEngine, settings: ServerSettings, guard: Guard) -> list[Route]:
     """`POST /v1/responses`, behind the server's auth check (its refusals re-enveloped)."""
     api = ResponsesApi(engine, settings)
     return [Route("/v1/responses", in_openai_envelope(guard(api.create)), methods=["POST"])]
@@ -88,7 +79,7 @@ class ResponsesApi:
             return openai_error_response(error)
 
     async def _create(self, request: Request) -> Response:
-        body = await parse_request(request)
+        body = await parse_body(request, ResponsesRequest)
         history: list[InputItem] = []
         if body.previous_response_id:
             held = self.store.lookup(body.previous_response_id)
@@ -123,129 +114,70 @@ class ResponsesApi:
         if store and body.previous_response_id:
             gen = replace(gen, pin_prefix_s=self.store.pin_s)
         stream = ResponseStream(_echo(body, response_id, store), names)
-        turn = _Turn(response_id, body.model, items if store else None, time.monotonic())
-        pump = EventPump(self.engine.submit(gen))
-        try:
-            first = await pump.next(self.settings.admission_grace_s if body.stream else 0.0)
-        except Exception as exc:
-            await pump.aclose()
-            turn.finish(engine_error(exc).status)
-            raise
-        if body.stream:
-            return StreamingResponse(
-                self._stream(pump, first, stream, turn),
-                media_type="text/event-stream",
-                headers={
-                    "cache-control": "no-cache",
-                    "x-accel-buffering": "no",
-                    **cache_headers(first),
-                },
-            )
-        return await self._complete(request, pump, first, stream, turn)
-
-    async def _complete(
-        self,
-        request: Request,
-        pump: EventPump,
-        event: EngineEvent | _End | None,
-        stream: ResponseStream,
-        turn: _Turn,
-    ) -> Response:
-        watcher = asyncio.create_task(
-            cancel_on_disconnect(request, self.engine.cancel, turn.request_id)
+        record = RequestLog(response_id, body.model, time.monotonic())
+        generation = await submit(
+            self.engine, gen, record, self.settings, stream=body.stream, translate=_translate
         )
-        headers: dict[str, str] = {}
-        try:
-            while not isinstance(event, _End):
-                if event is not None:
-                    turn.observe(event)
-                    headers.update(cache_headers(event))
-                    stream.feed(event)
-                if stream.finished:
-                    break
-                event = await pump.next(self.settings.heartbeat_s)
-            if not stream.finished:
-                raise ApiError("api_error", "generation ended without finishing the response")
-        except Exception as exc:
-            turn.finish(engine_error(exc).status)
-            raise
-        finally:
-            watcher.cancel()
-            await pump.aclose()
-        left = watcher.done() and not watcher.cancelled()
-        if not left:
-            await asyncio.to_thread(self._keep, turn, stream.response)
-        turn.finish(499 if left else 200)
-        return JSONResponse(stream.response.model_dump(mode="json"), headers=headers)
+        wire = ResponseWire(stream, partial(self._keep, items if store else None))
+        if body.stream:
+            return stream_response(generation, wire)
+        return await answer_whole(request, generation, wire)
 
-    async def _stream(
-        self,
-        pump: EventPump,
-        event: EngineEvent | _End | None,
-        stream: ResponseStream,
-        turn: _Turn,
-    ) -> AsyncIterator[bytes]:
-        """SSE frames in the Responses grammar, with keep-alive comments during silence.
-
-        A stored response is kept before its last event goes out, so a client that
-        continues the moment it reads `response.completed` finds it."""
-        heartbeat = self.settings.heartbeat_s
-        last_sent = time.monotonic()
-        status = 200
-        try:
-            while not isinstance(event, _End):
-                if event is not None:
-                    turn.observe(event)
-                    events = stream.feed(event)
-                    if stream.finished:
-                        await asyncio.to_thread(self._keep, turn, stream.response)
-                    for item in events:
-                        yield frame(item.type, item.model_dump(mode="json"))
-                        last_sent = time.monotonic()
-                if stream.finished:
-                    break
-                if time.monotonic() - last_sent >= heartbeat:
-                    yield KEEPALIVE
-                    last_sent = time.monotonic()
-                event = await pump.next(max(0.0, heartbeat - (time.monotonic() - last_sent)))
-            if not stream.finished:
-                raise ApiError("api_error", "generation ended without finishing the response")
-        except Exception as exc:
-            # Headers are gone: the stream ends with response.failed carrying the error.
-            error = openai_engine_error(exc, param="input")
-            status = error.status
-            detail = openai_detail(error)
-            for item in stream.fail(detail.code or detail.type, detail.message):
-                yield frame(item.type, item.model_dump(mode="json"))
-        finally:
-            if not stream.finished:
-                self.engine.cancel(turn.request_id)
-                status = status if status != 200 else 499
-            await pump.aclose()
-            turn.finish(status)
-
-    def _keep(self, turn: _Turn, response: ResponseObject) -> None:
-        if turn.items is None or response.status == "failed":
+    def _keep(self, items: list[InputItem] | None, response: ResponseObject) -> None:
+        """Keep a stored response's conversation (`items`: None when not stored)."""
+        if items is None or response.status == "failed":
             return
         # What the prompt is made of: items of types this server does not serve are skipped
         # by the mapping, so they are not kept either (opaque fields are never dumped).
         dumped = [
             i.model_dump(mode="json", by_alias=True, exclude_none=True)
-            for i in turn.items
+            for i in items
             if not isinstance(i, OtherItem)
         ]
         self.store.keep(response.id, [*dumped, *(as_input_item(o) for o in response.output)])
 
 
-class _Turn(RequestLog):
-    """One request's log line (the same as the other APIs'), and the items a stored response
-    keeps (None: not stored)."""
+def _translate(exc: Exception) -> ApiError:
+    return openai_engine_error(exc, param="input")
 
-    def __init__(
-        self, response_id: str, model: str, items: list[InputItem] | None, started: float
-    ) -> None:
-        super().__init__(response_id, model, started)
-        self.items = items
+
+@dataclass
+class ResponseWire:
+    """The Responses API's encoder for the drive loop: events in the Responses grammar, with
+    keep-alive comments during silence, or the response object they build. A stored
+    response is kept before its last event goes out (or before the whole answer is sent)."""
+
+    heartbeat: ClassVar[bytes] = KEEPALIVE
+    unfinished: ClassVar[str] = "the response"
+
+    stream: ResponseStream
+    keep: Callable[[ResponseObject], None]  # a stored response's conversation, once done
+
+    @property
+    def finished(self) -> bool:
+        return self.stream.finished
+
+    async def frames(self, event: EngineEvent) -> AsyncIterator[bytes]:
+        events = self.stream.feed(event)
+        if self.stream.finished:
+            await asyncio.to_thread(self.keep, self.stream.response)
+        for item in events:
+            yield frame(item.type, item.model_dump(mode="json"))
+
+    def absorb(self, event: EngineEvent) -> None:
+        self.stream.feed(event)
+
+    async def settle(self) -> None:
+        await asyncio.to_thread(self.keep, self.stream.response)
+
+    def answer(self) -> dict[str, Any]:
+        return self.stream.response.model_dump(mode="json")
+
+    def failure(self, error: ApiError) -> list[bytes]:
+        # The stream ends with response.failed carrying the error.
+        detail = openai_detail(error)
+        failed = self.stream.fail(detail.code or detail.type, detail.message)
+        return [frame(item.type, item.model_dump(mode="json")) for item in failed]
 
 
 def _echo(body: ResponsesRequest, response_id: str, store: bool) -> ResponseObject:
@@ -281,22 +213,3 @@ def as_input_item(item: OutputMessage | OutputFunctionCall | OutputReasoning) ->
         return call | ({"namespace": item.namespace} if item.namespace else {})
     summary = [{"type": "summary_text", "text": part.text} for part in item.summary]
     return {"type": "reasoning", "summary": summary}
-
-
-# --- parsing and errors -------------------------------------------------------------------
-
-
-async def parse_request(request: Request) -> ResponsesRequest:
-    raw = await request.body()
-    if len(raw) > LARGE_BODY_BYTES:  # parsed off the loop: /health stays live
-        return await asyncio.to_thread(validate_request, raw)
-    return validate_request(raw)
-
-
-def validate_request(raw_bytes: bytes) -> ResponsesRequest:
-    """The body as a `ResponsesRequest`, or the 400 naming the field."""
-    raw = json_object(raw_bytes)
-    try:
-        return ResponsesRequest.model_validate(raw)
-    except ValidationError as exc:
-        raise ApiError("invalid_request_error", describe_validation_error(exc, raw)) from exc

@@ -101,10 +101,6 @@ class ResponseStream:
         self._streamed = False  # the open call has had argument deltas
 
     @property
-    def started(self) -> bool:
-        return self._started
-
-    @property
     def finished(self) -> bool:
         return self._finished
 

@@ -19,7 +19,7 @@ import anyio
 import uvicorn
 
 from mlxlaunch.errors import ConfigError
-from mlxlaunch.server.app import ServerSettings, ServingEngine, build_app
+from mlxlaunch.server.app import build_app
 from mlxlaunch.server.connections import (
     ConnectionRoster,
     connection_capacity,
@@ -27,6 +27,7 @@ from mlxlaunch.server.connections import (
 )
 from mlxlaunch.server.drain import Drain
 from mlxlaunch.server.guards import check_exposure
+from mlxlaunch.server.settings import ServerSettings, ServingEngine
 from mlxlaunch.server.stats_routes import close_streams
 
 _START_TIMEOUT_S = 30.0

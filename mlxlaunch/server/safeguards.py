@@ -98,10 +98,10 @@ class SafetyCheckSettings:
 
 
 class SafetyCheck:
-    """Runs the check for one server's engine (only what app.py needs of it)."""
+    """Runs the check for one server's engine (only what messages.py needs of it)."""
 
     def __init__(self, engine: Any, settings: SafetyCheckSettings) -> None:
-        self.engine = engine  # a `ServingEngine` (server/app.py)
+        self.engine = engine  # a `ServingEngine` (server/settings.py)
         self.settings = settings
         self._too_small: dict[str, bool] = {}  # by model path: weights are read once
 

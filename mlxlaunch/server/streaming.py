@@ -1,4 +1,11 @@
-"""Reading the engine's event iterator with deadlines, so handlers can send heartbeats.
+"""The drive loop every API's handler runs: engine events in, its wire format out.
+
+`submit` starts one engine request and waits (a grace period for a stream) for its first
+event, so an early refusal still gets its own HTTP status. Then either `stream_response`
+feeds each event to the API's `Encoder` and sends its frames, with a heartbeat during
+silence, or `answer_whole` feeds them all and answers with what the encoder built, cancelling
+the request when the client disconnects. Both put the admission headers (the clamp and the
+cache headers) on the answer, and log the request once (server/request_log.py).
 
 `EventPump.next(timeout)` waits for the next engine event without cancelling the pending read
 when the deadline passes (cancelling it would cancel the request inside the engine).
@@ -9,15 +16,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
-from typing import Final
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final, Protocol
 
 import anyio
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from mlxlaunch.engine.types import Admitted, EngineEvent
+from mlxlaunch.engine.types import Admitted, EngineEvent, GenerationRequest
+from mlxlaunch.server.errors import ApiError
+from mlxlaunch.server.request_log import RequestLog
+from mlxlaunch.server.settings import ServerSettings, ServingEngine
 
 
 class _End:
@@ -99,6 +111,11 @@ async def cancel_on_disconnect(
             return
 
 
+def admission_headers(event: EngineEvent | _End | None) -> dict[str, str]:
+    """What every API's answer says about its admission: the clamp and the cache headers."""
+    return {**clamp_headers(event), **cache_headers(event)}
+
+
 def cache_headers(event: EngineEvent | _End | None) -> dict[str, str]:
     """X-Cached-Tokens, X-Session-Cache (prefix_hit | partial | fresh) and X-Cache-Reused (the
     reused fraction of the prompt, three decimals) for an Admitted event.
@@ -164,3 +181,176 @@ class TrailingStreamingResponse(StreamingResponse):
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         trailers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in self._trailers().items()]
         await send({"type": TRAILERS_EXTENSION, "headers": trailers, "more_trailers": False})
+
+
+# --- the drive loop -------------------------------------------------------------------------
+
+
+class Encoder(Protocol):
+    """One API's answer built from engine events: its stream frames and its whole answer."""
+
+    heartbeat: ClassVar[bytes]  # sent on a stream during silence
+    unfinished: ClassVar[str]  # what the answer is called when the events end before it is done
+
+    @property
+    def finished(self) -> bool: ...
+
+    def frames(self, event: EngineEvent) -> AsyncIterator[bytes]:
+        """Streaming: the frames one event makes. The work due once the answer is done
+        (keeping a conversation) runs before its last frames go out, so a client that
+        continues the moment it reads them finds it."""
+        ...
+
+    def absorb(self, event: EngineEvent) -> None:
+        """Not streaming: feed one event to the answer being built."""
+
+    async def settle(self) -> None:
+        """Not streaming: the work due once the whole answer is built, before it is sent."""
+
+    def answer(self) -> dict[str, Any]:
+        """Not streaming: the answer's JSON body."""
+        ...
+
+    def failure(self, error: ApiError) -> list[bytes]:
+        """Streaming: the frames that report `error` once the headers are gone."""
+        ...
+
+
+@dataclass
+class Generation:
+    """One submitted engine request, as the drive loop runs it."""
+
+    pump: EventPump
+    first: EngineEvent | _End | None  # what came within the admission grace (None: nothing)
+    request_id: str
+    record: RequestLog
+    engine: ServingEngine
+    heartbeat_s: float
+    translate: Callable[[Exception], ApiError]  # an error in the API's terms
+
+
+async def submit(
+    engine: ServingEngine,
+    request: GenerationRequest,
+    record: RequestLog,
+    settings: ServerSettings,
+    *,
+    stream: bool,
+    translate: Callable[[Exception], ApiError],
+) -> Generation:
+    """Submit `request` and wait for its first event: for a stream, up to the admission
+    grace, so a refusal within it still gets its own status (a whole answer carries errors as
+    statuses at any time: no need to wait). An error here is raised in the API's terms."""
+    pump: EventPump | None = None
+    try:
+        pump = EventPump(engine.submit(request))
+        first = await pump.next(settings.admission_grace_s if stream else 0.0)
+    except Exception as exc:
+        if pump is not None:
+            await pump.aclose()
+        error = translate(exc)
+        record.finish(error.status)
+        raise error from exc
+    return Generation(
+        pump, first, request.request_id, record, engine, settings.heartbeat_s, translate
+    )
+
+
+def stream_response(
+    generation: Generation,
+    encoder: Encoder,
+    *,
+    on_close: Callable[[], None] | None = None,
+    trailers: Callable[[], dict[str, str]] | None = None,
+) -> Response:
+    """The SSE answer: `encoder`'s frames as the events come. `on_close` runs when the
+    stream ends, however it ends; `trailers` (Messages) are the cached-tokens trailer."""
+    content = _frames(generation, encoder, on_close)
+    headers = {
+        "cache-control": "no-cache",
+        "x-accel-buffering": "no",
+        **admission_headers(generation.first),
+    }
+    if trailers is None:
+        return StreamingResponse(content, media_type="text/event-stream", headers=headers)
+    return TrailingStreamingResponse(
+        content,
+        media_type="text/event-stream",
+        headers=headers,
+        trailers=trailers,
+        trailer_names=(CACHED_TOKENS_HEADER,),
+    )
+
+
+async def _frames(
+    generation: Generation, encoder: Encoder, on_close: Callable[[], None] | None
+) -> AsyncIterator[bytes]:
+    heartbeat = generation.heartbeat_s
+    event = generation.first
+    last_sent = time.monotonic()
+    status = 200
+    try:
+        while not isinstance(event, _End):
+            if event is not None:
+                generation.record.observe(event)
+                async for chunk in encoder.frames(event):
+                    yield chunk
+                    last_sent = time.monotonic()
+            if encoder.finished:
+                break
+            # Progress events keep arriving during a long prefill: the heartbeat goes on
+            # elapsed time, not on the gap since the last engine event.
+            if time.monotonic() - last_sent >= heartbeat:
+                yield encoder.heartbeat
+                last_sent = time.monotonic()
+            event = await generation.pump.next(max(0.0, heartbeat - (time.monotonic() - last_sent)))
+        if not encoder.finished:
+            raise ApiError("api_error", f"generation ended without finishing {encoder.unfinished}")
+    except Exception as exc:
+        # Headers are gone: the only way to report is in the stream.
+        error = generation.translate(exc)
+        status = error.status
+        for chunk in encoder.failure(error):
+            yield chunk
+    finally:
+        if on_close is not None:
+            on_close()
+        if not encoder.finished:
+            generation.engine.cancel(generation.request_id)
+            status = status if status != 200 else 499  # the client went away
+        await generation.pump.aclose()
+        generation.record.finish(status)
+
+
+async def answer_whole(request: Request, generation: Generation, encoder: Encoder) -> Response:
+    """The whole answer, once `encoder` has it; the request is cancelled if the client
+    disconnects first (then nobody reads the answer, and the log says 499)."""
+    # Nothing is sent until the end, so only the receive side tells that the client left.
+    watcher = asyncio.create_task(
+        cancel_on_disconnect(request, generation.engine.cancel, generation.request_id)
+    )
+    event = generation.first
+    headers: dict[str, str] = {}
+    try:
+        while not isinstance(event, _End):
+            if event is not None:
+                generation.record.observe(event)
+                headers.update(admission_headers(event))
+                encoder.absorb(event)
+            if encoder.finished:
+                break
+            event = await generation.pump.next(generation.heartbeat_s)
+        if not encoder.finished:
+            raise ApiError("api_error", f"generation ended without finishing {encoder.unfinished}")
+    except Exception as exc:
+        error = generation.translate(exc)
+        generation.record.finish(error.status)
+        raise error from exc
+    finally:
+        watcher.cancel()
+        await generation.pump.aclose()
+    left = watcher.done() and not watcher.cancelled()
+    if not left:
+        await encoder.settle()
+    generation.record.finish(499 if left else 200)
+    return JSONResponse(encoder.answer(), headers=headers)
