@@ -239,9 +239,7 @@ def test_invalid_edits_are_400s_naming_the_field(
 # --- what an edit costs the prefix cache -------------------------------------------------------
 
 
-def _run_session(
-    served: Served, name: str, turns: int, edits: dict[str, Any] | None
-) -> list[Any]:
+def _run_session(served: Served, name: str, turns: int, edits: dict[str, Any] | None) -> list[Any]:
     """A tool loop of `turns` turns: the model calls Read, the client answers with a file's
     text and resends everything, as Claude Code does. The usage of each turn, in order.
     `name` opens the conversation, so no run reads another's cached prompts."""
