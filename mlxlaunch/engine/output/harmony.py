@@ -199,11 +199,8 @@ class HarmonyParser(StreamingParser[HarmonyEvent]):
     def _ended(self) -> bool:
         return self._state is _State.DONE
 
-    def finish(self) -> list[HarmonyEvent]:
+    def _settle(self) -> None:
         """End of generation (the end-of-sequence token is not fed): settle the open message."""
-        if self._state is _State.DONE:
-            return []
-        self._advance(final=True)
         if self._state is _State.IDLE and self._idle.strip():
             self._open_body(_Body.TEXT, push_back=self._idle)
             self._advance(final=True)
@@ -213,7 +210,6 @@ class HarmonyParser(StreamingParser[HarmonyEvent]):
             self._close_body()
         if self._state is not _State.DONE:
             self._finish_early()
-        return self._take_events()
 
     # --- the state machine ---------------------------------------------------------------
 

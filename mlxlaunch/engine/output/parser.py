@@ -174,7 +174,18 @@ class StreamingParser(Generic[EventT]):
         self._advance(final=False)
         return self._take_events()
 
+    def finish(self) -> list[EventT]:
+        """End of generation: settle what is open; return the events that completes."""
+        if self._ended():
+            return []
+        self._advance(final=True)
+        self._settle()
+        return self._take_events()
+
     def _ended(self) -> bool:
+        raise NotImplementedError
+
+    def _settle(self) -> None:
         raise NotImplementedError
 
     def _advance(self, final: bool) -> None:
@@ -231,11 +242,8 @@ class OutputParser(StreamingParser[ParsedEvent]):
     def _ended(self) -> bool:
         return self._state is _State.DONE
 
-    def finish(self) -> list[ParsedEvent]:
-        """End of generation: release held-back text and settle any open span."""
-        if self._state is _State.DONE:
-            return []
-        self._advance(final=True)
+    def _settle(self) -> None:
+        """Release held-back text and settle any open span."""
         if self._state is _State.TOOL_CALL:
             assert self._reader is not None
             if not self._tool_end:  # the span runs to the end of the output: it is complete
@@ -252,7 +260,6 @@ class OutputParser(StreamingParser[ParsedEvent]):
         self._emit_text(self._text.end(keep_trailing=False))
         self._thinking.end(keep_trailing=False)
         self._state = _State.DONE
-        return self._take_events()
 
     # --- the state machine ---------------------------------------------------------------
 
