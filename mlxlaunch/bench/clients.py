@@ -56,12 +56,16 @@ class Target(Protocol):
     async def aclose(self) -> None: ...
 
 
+# Folds one SSE event (its name, its data) into a timing, at the time it arrived.
+EventHandler = Callable[[str, str, StreamTiming, float], None]
+
+
 async def timed_stream(
     client: httpx.AsyncClient,
     url: str,
     body: dict[str, Any],
     headers: dict[str, str],
-    on_event: Callable[[str, str, StreamTiming, float], None],
+    on_event: EventHandler,
     clock: Callable[[], float],
 ) -> StreamTiming:
     """POST `body` to `url` and fold each SSE event into a timing (`on_event` knows the API's
@@ -129,8 +133,11 @@ def on_openai_event(event: str, data: str, timing: StreamTiming, now: float) -> 
         timing.error = json.dumps(payload["error"])
 
 
-class AnthropicTarget:
-    """This project's server (or any Anthropic-compatible one), over `POST /v1/messages`."""
+class HttpTarget:
+    """A server the benchmark streams from over HTTP: its name, base URL, connections, clock.
+
+    `auth_token`, when given, goes as a bearer token (what Claude Code and Codex send).
+    """
 
     def __init__(
         self,
@@ -142,52 +149,37 @@ class AnthropicTarget:
     ) -> None:
         self.name = name
         self.base_url = base_url.rstrip("/")
-        self._headers = {"anthropic-version": "2023-06-01", "x-api-key": auth_token or "bench"}
-        if auth_token:
-            self._headers["authorization"] = f"Bearer {auth_token}"
+        self._auth_token = auth_token
+        self._bearer = {"authorization": f"Bearer {auth_token}"} if auth_token else {}
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(3600.0, connect=10.0))
         self._clock = clock
+
+    async def _stream(
+        self, path: str, body: dict[str, Any], headers: dict[str, str], on_event: EventHandler
+    ) -> StreamTiming:
+        """Post `body` to `path` as a streaming request and time it."""
+        url = f"{self.base_url}{path}"
+        return await timed_stream(self._client, url, body, headers, on_event, self._clock)
+
+    async def aclose(self) -> None:
+        """Close the HTTP connections."""
+        await self._client.aclose()
+
+
+class AnthropicTarget(HttpTarget):
+    """This project's server (or any Anthropic-compatible one), over `POST /v1/messages`."""
 
     async def measure(self, conversation: Conversation, max_tokens: int) -> StreamTiming:
         """Send one streaming request and time it."""
         body = anthropic_body(conversation, max_tokens=max_tokens)
-        return await timed_stream(
-            self._client,
-            f"{self.base_url}/v1/messages",
-            body,
-            self._headers,
-            on_anthropic_event,
-            self._clock,
-        )
-
-    async def aclose(self) -> None:
-        """Close the HTTP connections."""
-        await self._client.aclose()
+        key = {"anthropic-version": "2023-06-01", "x-api-key": self._auth_token or "bench"}
+        return await self._stream("/v1/messages", body, key | self._bearer, on_anthropic_event)
 
 
-class OpenAITarget:
+class OpenAITarget(HttpTarget):
     """mlx-lm's own server, over `POST /v1/chat/completions` with `stream: true`."""
-
-    def __init__(
-        self, name: str, base_url: str, *, clock: Callable[[], float] = time.perf_counter
-    ) -> None:
-        self.name = name
-        self.base_url = base_url.rstrip("/")
-        self._client = httpx.AsyncClient(timeout=httpx.Timeout(3600.0, connect=10.0))
-        self._clock = clock
 
     async def measure(self, conversation: Conversation, max_tokens: int) -> StreamTiming:
         """Send one streaming request and time it."""
         body = openai_body(conversation, max_tokens=max_tokens)
-        return await timed_stream(
-            self._client,
-            f"{self.base_url}/v1/chat/completions",
-            body,
-            {},
-            on_openai_event,
-            self._clock,
-        )
-
-    async def aclose(self) -> None:
-        """Close the HTTP connections."""
-        await self._client.aclose()
+        return await self._stream("/v1/chat/completions", body, {}, on_openai_event)

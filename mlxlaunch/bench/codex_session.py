@@ -24,15 +24,12 @@ from __future__ import annotations
 
 import copy
 import json
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import cache
 from importlib import resources
 from typing import Any
 
-import httpx
-
-from mlxlaunch.bench.clients import StreamTiming, content_arrived, timed_stream
+from mlxlaunch.bench.clients import HttpTarget, StreamTiming, content_arrived
 from mlxlaunch.bench.progress import ProgressSink
 from mlxlaunch.bench.wire import TEMPERATURE
 from mlxlaunch.bench.workloads import tool_result_text
@@ -164,38 +161,14 @@ def on_responses_event(event: str, data: str, timing: StreamTiming, now: float) 
         timing.error = json.dumps(payload.get("error", payload))
 
 
-class ResponsesTarget:
-    """A server over `POST /v1/responses` with `stream: true`, as Codex CLI calls it."""
-
-    def __init__(
-        self,
-        name: str,
-        base_url: str,
-        *,
-        auth_token: str | None = None,
-        clock: Callable[[], float] = time.perf_counter,
-    ) -> None:
-        self.name = name
-        self.base_url = base_url.rstrip("/")
-        # Codex sends its provider's key (`env_key`) as a bearer token.
-        self._auth = {"authorization": f"Bearer {auth_token}"} if auth_token else {}
-        self._client = httpx.AsyncClient(timeout=httpx.Timeout(3600.0, connect=10.0))
-        self._clock = clock
+class ResponsesTarget(HttpTarget):
+    """A server over `POST /v1/responses` with `stream: true`, as Codex CLI calls it (its
+    provider's key, `env_key`, goes as the bearer token)."""
 
     async def send(self, body: dict[str, Any]) -> StreamTiming:
         """Send one Codex request and time it."""
-        return await timed_stream(
-            self._client,
-            f"{self.base_url}/v1/responses",
-            body,
-            {**codex_headers(body), **self._auth},
-            on_responses_event,
-            self._clock,
-        )
-
-    async def aclose(self) -> None:
-        """Close the HTTP connections."""
-        await self._client.aclose()
+        headers = {**codex_headers(body), **self._bearer}
+        return await self._stream("/v1/responses", body, headers, on_responses_event)
 
 
 def no_endpoint(timing: StreamTiming) -> str | None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from rich.table import Table
 
-from mlxlaunch.bench.report import format_value, markdown_heading, plain_value, ratio_cell
+from mlxlaunch.bench.report import markdown_heading, markdown_rows, summary_cells
 from mlxlaunch.bench.summary import SummaryRow
 
 
@@ -32,18 +32,9 @@ def render_rank_table(rows: list[SummaryRow], names: Sequence[str], title: str) 
     for name in others:
         table.add_column(ratio_column(name, base), justify="right")
     table.add_column("limit", justify="right", style="dim")
-    previous = ""
-    for row in rows:
-        cells = [row.workload if row.workload != previous else "", row.metric]
-        for name in names:
-            cell = format_value(row.values.get(name), row.unit) if row.values else ""
-            note = row.notes.get(name)
-            cells.append(f"{cell} [dim]({note})[/]" if note else cell)
-        for name in others:
-            cells.append(ratio_cell(row, name, base) if row.values else "")
-        cells.append(format_value(row.limit, row.unit) if row.limit is not None else "")
+    ratios = [(name, base) for name in others]
+    for cells in summary_cells(rows, names, ratios, markup=True):
         table.add_row(*cells)
-        previous = row.workload
     return table
 
 
@@ -54,19 +45,8 @@ def rank_markdown(report: dict[str, Any], rows: list[SummaryRow]) -> str:
     base, others = names[0], names[1:]
     lines = markdown_heading(report)
     header = ["workload", "metric", *names, *(ratio_column(n, base) for n in others), "limit"]
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    previous = ""
-    for row in rows:
-        cells = [row.workload if row.workload != previous else "", row.metric]
-        for name in names:
-            cell = plain_value(row.values.get(name), row.unit) if row.values else ""
-            note = row.notes.get(name)
-            cells.append(f"{cell} ({note})" if note and cell else cell)
-        for name in others:
-            cells.append(ratio_cell(row, name, base, markup=False) if row.values else "")
-        cells.append(plain_value(row.limit, row.unit) if row.limit is not None else "")
-        lines.append("| " + " | ".join(cells) + " |")
-        previous = row.workload
+    ratios = [(name, base) for name in others]
+    lines += markdown_rows(header, summary_cells(rows, names, ratios, markup=False))
     notes = report["ranks"].get("notes") or []
     if notes:
         lines += ["", *(f"Note: {note}." for note in notes)]

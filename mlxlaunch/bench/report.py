@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -80,19 +81,45 @@ def render_table(rows: list[SummaryRow], ours: str, peer: str | None, title: str
         table.add_column(peer, justify="right")
         table.add_column("speedup", justify="right")
     table.add_column("limit", justify="right", style="dim")
+    names = [ours, peer] if peer else [ours]
+    for cells in summary_cells(rows, names, [(ours, peer)] if peer else [], markup=True):
+        table.add_row(*cells)
+    return table
+
+
+def summary_cells(
+    rows: list[SummaryRow],
+    names: Sequence[str],
+    ratios: Sequence[tuple[str, str]],
+    *,
+    markup: bool,
+) -> Iterator[list[str]]:
+    """The cells of each summary row: workload (only where it changes), metric, a figure per
+    server in `names` (with its note), a ratio per `(ours, base)` in `ratios`, the limit;
+    rich markup for the terminal, plain text for Markdown."""
+    value = format_value if markup else plain_value
     previous = ""
     for row in rows:
         cells = [row.workload if row.workload != previous else "", row.metric]
-        for name in [ours, peer] if peer else [ours]:
-            cell = format_value(row.values.get(name), row.unit) if row.values else ""
+        for name in names:
+            cell = value(row.values.get(name), row.unit) if row.values else ""
             note = row.notes.get(name)
-            cells.append(f"{cell} [dim]({note})[/]" if note else cell)
-        if peer:
-            cells.append(ratio_cell(row, ours, peer) if row.values else "")
-        cells.append(format_value(row.limit, row.unit) if row.limit is not None else "")
-        table.add_row(*cells)
+            if markup:
+                cells.append(f"{cell} [dim]({note})[/]" if note else cell)
+            else:
+                cells.append(f"{cell} ({note})" if note and cell else cell)
+        for ours, base in ratios:
+            cells.append(ratio_cell(row, ours, base, markup=markup) if row.values else "")
+        cells.append(value(row.limit, row.unit) if row.limit is not None else "")
+        yield cells
         previous = row.workload
-    return table
+
+
+def markdown_rows(header: Sequence[str], cell_rows: Iterable[list[str]]) -> list[str]:
+    """A Markdown table's lines: the header, its rule, a line per row of cells."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in cell_rows]
+    return lines
 
 
 def build_report(
@@ -215,19 +242,8 @@ def markdown_table(report: dict[str, Any], rows: list[SummaryRow]) -> str:
     lines = markdown_heading(report)
     names = [ours, peer] if peer else [ours]
     header = ["workload", "metric", *names] + (["ratio"] if peer else []) + ["limit"]
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    previous = ""
-    for row in rows:
-        cells = [row.workload if row.workload != previous else "", row.metric]
-        for name in names:
-            cell = plain_value(row.values.get(name), row.unit) if row.values else ""
-            note = row.notes.get(name)
-            cells.append(f"{cell} ({note})" if note and cell else cell)
-        if peer:
-            cells.append(ratio_cell(row, ours, peer, markup=False) if row.values else "")
-        cells.append(plain_value(row.limit, row.unit) if row.limit is not None else "")
-        lines.append("| " + " | ".join(cells) + " |")
-        previous = row.workload
+    ratios = [(ours, peer)] if peer else []
+    lines += markdown_rows(header, summary_cells(rows, names, ratios, markup=False))
     return "\n".join(lines) + "\n"
 
 

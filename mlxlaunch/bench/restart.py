@@ -136,34 +136,39 @@ async def restart_both(
     and on the peer, one after the other. Returns figures by server name and warnings."""
     results: dict[str, Any] = {}
     warnings: list[str] = []
+
+    async def measure(
+        name: str,
+        server: _Restartable,
+        target_for: Callable[[], Target],
+        failure: type[PeerFailed],
+    ) -> None:
+        try:
+            results[name] = await measure_restart(
+                server,
+                target_for,
+                conversation,
+                max_tokens=max_tokens,
+                wait_s=wait_s,
+                ready_timeout_s=ready_timeout_s,
+            )
+        except failure as exc:
+            warnings.append(f"restart of {name} left out: {exc.message}")
+
     if cache_dir is not None:
         ours = ServeProcess(
             model_dir, cache_dir=cache_dir, auth_token=auth_token, extra_args=serve_args
         )
-        try:
-            results[OURS_NAME] = await measure_restart(
-                ours,
-                lambda: AnthropicTarget(OURS_NAME, ours.url or "", auth_token=auth_token),
-                conversation,
-                max_tokens=max_tokens,
-                wait_s=wait_s,
-                ready_timeout_s=ready_timeout_s,
-            )
-        except RestartFailed as exc:
-            warnings.append(f"restart of {OURS_NAME} left out: {exc.message}")
+        await measure(
+            OURS_NAME,
+            ours,
+            lambda: AnthropicTarget(OURS_NAME, ours.url or "", auth_token=auth_token),
+            RestartFailed,
+        )
     if peer:
         other = PeerServer(model_dir)
         try:
-            results[PEER_NAME] = await measure_restart(
-                other,
-                lambda: OpenAITarget(PEER_NAME, other.url),
-                conversation,
-                max_tokens=max_tokens,
-                wait_s=wait_s,
-                ready_timeout_s=ready_timeout_s,
-            )
-        except PeerFailed as exc:
-            warnings.append(f"restart of {PEER_NAME} left out: {exc.message}")
+            await measure(PEER_NAME, other, lambda: OpenAITarget(PEER_NAME, other.url), PeerFailed)
         finally:
             with contextlib.suppress(Exception):
                 other.stop()

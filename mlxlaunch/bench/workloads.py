@@ -113,15 +113,9 @@ def agent_session(
 
 def short_chat(index: int) -> Conversation:
     """A short request with no tools, for decode speed and concurrency (prefill is negligible)."""
-    return Conversation(
-        system="You are a helpful assistant.",
-        tools=(),
-        messages=[
-            ChatMessage(
-                role="user",
-                content=f"Stream {index}: write a long story about a lighthouse keeper.",
-            )
-        ],
+    return _one_question(
+        "You are a helpful assistant.",
+        f"Stream {index}: write a long story about a lighthouse keeper.",
     )
 
 
@@ -129,15 +123,8 @@ def stream_prompt(level: int, index: int, chars: int) -> Conversation:
     """The prompt of stream `index` at concurrency `level`: a request about a file of `chars`
     characters, unique to that stream and level (no server can reuse another's prefix)."""
     source = tool_result_text(level * 1000 + index, chars)
-    return Conversation(
-        system="You are a helpful coding assistant.",
-        tools=(),
-        messages=[
-            ChatMessage(
-                role="user",
-                content=f"Stream {level}.{index}: explain what this file does.\n\n{source}",
-            )
-        ],
+    return _one_question(
+        _CODING_SYSTEM, f"Stream {level}.{index}: explain what this file does.\n\n{source}"
     )
 
 
@@ -148,11 +135,19 @@ def file_rewrite(file_text: str, level: int, index: int) -> Conversation:
     request = (
         f"Stream {level}.{index}: here is {PROJECT}/src/module.py:\n\n{file_text}\n\nRewrite it."
     )
+    return _one_question(_CODING_SYSTEM, request, temperature=0.0)
+
+
+_CODING_SYSTEM = "You are a helpful coding assistant."
+
+
+def _one_question(system: str, question: str, *, temperature: float | None = None) -> Conversation:
+    """A request of one user message and no tools."""
     return Conversation(
-        system="You are a helpful coding assistant.",
+        system=system,
         tools=(),
-        messages=[ChatMessage(role="user", content=request)],
-        temperature=0.0,
+        messages=[ChatMessage(role="user", content=question)],
+        temperature=temperature,
     )
 
 

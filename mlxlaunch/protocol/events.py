@@ -96,14 +96,14 @@ class ErrorEvent(BaseModel):
     error: ErrorDetail
 
 
-StreamEvent = Annotated[
+# The events that build the message, in the order above (a stream adds pings and errors).
+MessageEvent = (
     MessageStartEvent
     | ContentBlockStartEvent
     | ContentBlockDeltaEvent
     | ContentBlockStopEvent
     | MessageDeltaEvent
     | MessageStopEvent
-    | PingEvent
-    | ErrorEvent,
-    Discriminator("type"),
-]
+)
+
+StreamEvent = Annotated[MessageEvent | PingEvent | ErrorEvent, Discriminator("type")]

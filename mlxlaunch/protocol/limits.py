@@ -19,7 +19,9 @@ import re
 from collections.abc import Iterable
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from json.scanner import NUMBER_RE
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import Field
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 MAX_JSON_DEPTH = 64  # objects/arrays inside each other; tool schemas nest ~10 deep
@@ -31,6 +33,10 @@ MAX_STOP_SEQUENCE_CHARS = 1_000  # the parser holds back this many characters of
 MAX_NAME_CHARS = 256  # model ids, tool names, tool_use ids
 MAX_OUTPUT_TOKENS = 1 << 20  # max_tokens and budget_tokens; the engine clamps to the window
 MAX_TOP_K = 1_000
+
+# The wire's names and ids as pydantic field types, so each API's models spell the bound once.
+Name = Annotated[str, Field(strict=True, min_length=1, max_length=MAX_NAME_CHARS)]
+NameOrEmpty = Annotated[str, Field(strict=True, max_length=MAX_NAME_CHARS)]
 
 # Bodies above this are parsed in pieces: json.loads holds the GIL throughout, ~6 ms a MiB (a
 # 32 MiB body stopped the event loop for 200 ms); below it, it is the faster way.
@@ -230,13 +236,9 @@ class PiecewiseJson:
             if s[idx : idx + 1] != ":":
                 raise json.JSONDecodeError("Expecting ':' delimiter", s, idx)
             result[key], idx = self._value(self._skip(idx + 1), depth)
-            idx = self._skip(idx)
-            char = s[idx : idx + 1]
-            if char == "}":
-                return result, idx + 1
-            if char != ",":
-                raise json.JSONDecodeError("Expecting ',' delimiter", s, idx)
-            idx = self._skip(idx + 1)
+            idx, more = self._after_item(idx, "}")
+            if not more:
+                return result, idx
 
     def _array(self, idx: int, depth: int) -> tuple[list[Any], int]:
         self._enter(depth)
@@ -248,13 +250,20 @@ class PiecewiseJson:
         while True:
             value, idx = self._value(idx, depth)
             result.append(value)
-            idx = self._skip(idx)
-            char = s[idx : idx + 1]
-            if char == "]":
-                return result, idx + 1
-            if char != ",":
-                raise json.JSONDecodeError("Expecting ',' delimiter", s, idx)
-            idx = self._skip(idx + 1)
+            idx, more = self._after_item(idx, "]")
+            if not more:
+                return result, idx
+
+    def _after_item(self, idx: int, close: str) -> tuple[int, bool]:
+        """After an object's or array's item: past `close` and False when it ends there,
+        else past the comma (and blanks) and True."""
+        idx = self._skip(idx)
+        char = self.text[idx : idx + 1]
+        if char == close:
+            return idx + 1, False
+        if char != ",":
+            raise json.JSONDecodeError("Expecting ',' delimiter", self.text, idx)
+        return self._skip(idx + 1), True
 
     def _string(self, idx: int) -> tuple[str, int]:
         """The string literal whose content starts at `idx`, and the index past its quote."""

@@ -94,8 +94,8 @@ class FunctionCallItem(ResponsesWire):
     """A call the model made, sent back in the history."""
 
     type: Literal["function_call"]
-    call_id: Annotated[str, Field(strict=True, min_length=1, max_length=limits.MAX_NAME_CHARS)]
-    name: Annotated[str, Field(strict=True, min_length=1, max_length=limits.MAX_NAME_CHARS)]
+    call_id: limits.Name
+    name: limits.Name
     arguments: Annotated[str, Field(strict=True)]
     # Codex names a call of a namespace tool by `name` and `namespace` apart.
     namespace: str | None = None
@@ -104,7 +104,7 @@ class FunctionCallItem(ResponsesWire):
 
 class FunctionCallOutputItem(ResponsesWire):
     type: Literal["function_call_output"]
-    call_id: Annotated[str, Field(strict=True, min_length=1, max_length=limits.MAX_NAME_CHARS)]
+    call_id: limits.Name
     output: str | list[ContentPart]
 
 
@@ -157,7 +157,7 @@ InputItemOrEasy = Annotated[
 
 class FunctionTool(ResponsesWire):
     type: Literal["function"]
-    name: Annotated[str, Field(strict=True, min_length=1, max_length=limits.MAX_NAME_CHARS)]
+    name: limits.Name
     description: str | None = None
     parameters: JsonSchema | None = None
     strict: bool | None = None
@@ -179,7 +179,7 @@ class NamespaceTool(ResponsesWire):
     """Function tools grouped under a name; calls name them by `namespace` and `name`."""
 
     type: Literal["namespace"]
-    name: Annotated[str, Field(strict=True, max_length=limits.MAX_NAME_CHARS)]
+    name: limits.NameOrEmpty
     description: str | None = None
     tools: Annotated[list[NamespaceMember], Field(max_length=limits.MAX_TOOLS)] = Field(
         default_factory=list
@@ -196,7 +196,7 @@ ResponsesTool = Annotated[
 
 class ToolChoiceFunction(ResponsesWire):
     type: Literal["function"]
-    name: Annotated[str, Field(strict=True, max_length=limits.MAX_NAME_CHARS)]
+    name: limits.NameOrEmpty
 
 
 class ToolChoiceOther(ResponsesWire):
@@ -251,7 +251,7 @@ MAX_INPUT_ITEMS = limits.MAX_MESSAGES * 4  # a turn of Codex's is up to four ite
 class ResponsesRequest(ResponsesWire):
     """Body of `POST /v1/responses`."""
 
-    model: Annotated[str, Field(strict=True, max_length=limits.MAX_NAME_CHARS)] = ""
+    model: limits.NameOrEmpty = ""
     input: str | Annotated[list[InputItemOrEasy], Field(max_length=MAX_INPUT_ITEMS)]
     instructions: str | None = None
     tools: Annotated[list[ResponsesTool], Field(max_length=limits.MAX_TOOLS)] | None = None
@@ -267,9 +267,7 @@ class ResponsesRequest(ResponsesWire):
     # OpenAI keeps responses unless told not to; Codex says `false` and resends its history.
     store: bool | None = None
     # Bounded as ids are (ours are 29 characters): a 4 MB id was echoed in a 4 MB error.
-    previous_response_id: (
-        Annotated[str, Field(strict=True, max_length=limits.MAX_NAME_CHARS)] | None
-    ) = None
+    previous_response_id: limits.NameOrEmpty | None = None
     prompt_cache_key: str | None = None
     include: list[str] | None = None
     stream: bool = False

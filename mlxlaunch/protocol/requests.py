@@ -35,7 +35,7 @@ StrictPositiveInt = Annotated[int, Field(strict=True, ge=1)]
 NonEmptyStr = Annotated[str, Field(strict=True, min_length=1)]
 # Bounds from protocol/limits.py: far above real use, they keep hostile input cheap to refuse.
 TokenCount = Annotated[int, Field(strict=True, ge=1, le=limits.MAX_OUTPUT_TOKENS)]
-Name = Annotated[str, Field(strict=True, min_length=1, max_length=limits.MAX_NAME_CHARS)]
+Name = limits.Name
 
 
 class WireModel(BaseModel):

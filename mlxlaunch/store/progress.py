@@ -115,12 +115,16 @@ class BytesColumn(ProgressColumn):
         return Text(f"{format_bytes(task.completed)}/{total}", style="progress.download")
 
 
-class SpeedColumn(ProgressColumn):
-    """The meter's speed now, or `stalled Ns` when nothing has come for a while."""
+class _MeterColumn(ProgressColumn):
+    """A column drawn from the transfer meter rather than from the task's own figures."""
 
     def __init__(self, meter: TransferMeter) -> None:
         super().__init__()
         self.meter = meter
+
+
+class SpeedColumn(_MeterColumn):
+    """The meter's speed now, or `stalled Ns` when nothing has come for a while."""
 
     def render(self, task: Any) -> Text:
         if task.finished:
@@ -130,12 +134,8 @@ class SpeedColumn(ProgressColumn):
         return Text(format_rate(self.meter.rate()), style="progress.data.speed")
 
 
-class TimeLeftColumn(ProgressColumn):
+class TimeLeftColumn(_MeterColumn):
     """Time left at the meter's speed now: `-:--:--` while stalled, `0:00:00` when done."""
-
-    def __init__(self, meter: TransferMeter) -> None:
-        super().__init__()
-        self.meter = meter
 
     def render(self, task: Any) -> Text:
         if task.finished:

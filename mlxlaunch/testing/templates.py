@@ -13,7 +13,7 @@ think markers and two macros, ``tool_call(name, arguments)`` (history rendering)
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -85,25 +85,21 @@ def _read_template(file_name: str) -> str:
     return resources.files(__package__).joinpath("templates", file_name).read_text("utf-8")
 
 
+_QWEN = TemplateFamily(
+    name="qwen",
+    template_file="qwen.jinja",
+    control_tokens=QWEN_CONTROL_TOKENS,
+    markup_tokens=QWEN_MARKUP_TOKENS,
+    eos_token="<|im_end|>",
+    pad_token="<|endoftext|>",
+    tool_parser="json_tools",
+)
+
 TEMPLATE_FAMILIES: dict[str, TemplateFamily] = {
-    "qwen": TemplateFamily(
-        name="qwen",
-        template_file="qwen.jinja",
-        control_tokens=QWEN_CONTROL_TOKENS,
-        markup_tokens=QWEN_MARKUP_TOKENS,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        tool_parser="json_tools",
-    ),
+    "qwen": _QWEN,
     # Same turns and tokens as "qwen"; tool calls as <function=...> and <parameter=...> lines.
-    "qwen3_coder": TemplateFamily(
-        name="qwen3_coder",
-        template_file="qwen3_coder.jinja",
-        control_tokens=QWEN_CONTROL_TOKENS,
-        markup_tokens=QWEN_MARKUP_TOKENS,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        tool_parser="qwen3_coder",
+    "qwen3_coder": replace(
+        _QWEN, name="qwen3_coder", template_file="qwen3_coder.jinja", tool_parser="qwen3_coder"
     ),
 }
 

@@ -49,7 +49,7 @@ from enum import Enum
 
 from mlxlaunch.engine.output.json_stream import JsonObjectStream
 from mlxlaunch.engine.output.markers import MarkerKind, MarkerMatch, MarkerSet
-from mlxlaunch.engine.output.parser import ParserConfig, TextRun, declared_name
+from mlxlaunch.engine.output.parser import ParserConfig, StreamingParser, TextRun, declared_name
 from mlxlaunch.engine.tool_ids import client_tool_id
 from mlxlaunch.engine.types import (
     TextDelta,
@@ -166,7 +166,7 @@ class _Body(Enum):
     SKIP = "skip"  # what follows a call's closed object, up to the message's end
 
 
-class HarmonyParser:
+class HarmonyParser(StreamingParser[HarmonyEvent]):
     """Feed decoded gpt-oss output with `feed`; call `finish` at the end of generation.
 
     The same contract as `OutputParser`: both return events in output order; once `done`
@@ -175,13 +175,7 @@ class HarmonyParser:
     """
 
     def __init__(self, config: ParserConfig) -> None:
-        if config.max_tool_calls is not None and config.max_tool_calls < 1:
-            raise ValueError("max_tool_calls must be None or at least 1")
-        self.config = config
-        self.stopped_by: str | None = None
-        self.tool_limit_reached = False
-        self.tool_calls_emitted = 0
-
+        super().__init__(config)
         # The kind is unused for markup (the marker's text says which it is); stops come last
         # so a stop sequence equal to a marker stops the output.
         markup = [(m, MarkerKind.TOOL_END) for m in _MARKUP]
@@ -190,7 +184,6 @@ class HarmonyParser:
         self._text_markers = MarkerSet(markup + stops)
 
         self._state = _State.IDLE
-        self._buffer = ""  # not yet classified: held-back tail plus the newest piece
         self._idle = ""  # text between messages, until it shows whether it is a header
         self._header = ""
         self._with_role = False  # the header follows <|start|> (not the prompt's)
@@ -202,31 +195,12 @@ class HarmonyParser:
         self._call_args: list[str] = []
         self._call_lead = ""  # whitespace before the arguments' `{`
         self._last_block: type | None = None  # the kind of the last event emitted
-        self._events: list[HarmonyEvent] = []
 
-    @property
-    def stopped(self) -> bool:
-        """True once a stop sequence matched."""
-        return self.stopped_by is not None
+    def _ended(self) -> bool:
+        return self._state is _State.DONE
 
-    @property
-    def done(self) -> bool:
-        """True once the output is complete for the client: stop generating."""
-        return self.stopped or self.tool_limit_reached
-
-    def feed(self, text: str) -> list[HarmonyEvent]:
-        """Take the next decoded piece; return the events it completes."""
-        if self._state is _State.DONE or not text:
-            return []
-        self._buffer += text
-        self._advance(final=False)
-        return self._take_events()
-
-    def finish(self) -> list[HarmonyEvent]:
+    def _settle(self) -> None:
         """End of generation (the end-of-sequence token is not fed): settle the open message."""
-        if self._state is _State.DONE:
-            return []
-        self._advance(final=True)
         if self._state is _State.IDLE and self._idle.strip():
             self._open_body(_Body.TEXT, push_back=self._idle)
             self._advance(final=True)
@@ -236,7 +210,6 @@ class HarmonyParser:
             self._close_body()
         if self._state is not _State.DONE:
             self._finish_early()
-        return self._take_events()
 
     # --- the state machine ---------------------------------------------------------------
 
@@ -483,7 +456,3 @@ class HarmonyParser:
     def _add_event(self, event: HarmonyEvent) -> None:
         self._events.append(event)
         self._last_block = type(event)
-
-    def _take_events(self) -> list[HarmonyEvent]:
-        events, self._events = self._events, []
-        return events

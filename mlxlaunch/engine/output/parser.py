@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Generic, TypeVar
 
 from mlxlaunch.engine.output.markers import MarkerKind, MarkerMatch, MarkerSet
 from mlxlaunch.engine.output.spans import (
@@ -62,6 +63,7 @@ from mlxlaunch.engine.types import (
 )
 
 ParsedEvent = TextDelta | ThinkingDelta | ToolCallStart | ToolInputDelta | ToolCallEvent
+EventT = TypeVar("EventT")
 
 
 @dataclass
@@ -137,13 +139,11 @@ class TextRun:
         return text[cut:]
 
 
-class OutputParser:
-    """Feed decoded text with `feed`; call `finish` at the end of generation.
+class StreamingParser(Generic[EventT]):
+    """What the output parsers share: the stop flags, `feed`, and the event queue.
 
-    Both return events in output order. After `done` becomes true the engine should stop
-    generating: `stopped` (a stop sequence matched, `stopped_by` says which; stop_reason
-    "stop_sequence") or `tool_limit_reached` (`max_tool_calls` calls emitted; stop_reason
-    "tool_use"). Later `feed`/`finish` calls return nothing.
+    A parser keeps unclassified text in `_buffer`, moves it on in `_advance` and queues what it
+    completes in `_events`; once `_ended` it takes no more text.
     """
 
     def __init__(self, config: ParserConfig) -> None:
@@ -153,7 +153,60 @@ class OutputParser:
         self.stopped_by: str | None = None  # the stop sequence that matched, if any
         self.tool_limit_reached = False
         self.tool_calls_emitted = 0
+        self._buffer = ""  # not yet classified: held-back tail plus the newest piece
+        self._events: list[EventT] = []
 
+    @property
+    def stopped(self) -> bool:
+        """True once a stop sequence matched."""
+        return self.stopped_by is not None
+
+    @property
+    def done(self) -> bool:
+        """True once the output is complete for the client: stop generating."""
+        return self.stopped or self.tool_limit_reached
+
+    def feed(self, text: str) -> list[EventT]:
+        """Take the next decoded piece; return the events it completes."""
+        if self._ended() or not text:
+            return []
+        self._buffer += text
+        self._advance(final=False)
+        return self._take_events()
+
+    def finish(self) -> list[EventT]:
+        """End of generation: settle what is open; return the events that completes."""
+        if self._ended():
+            return []
+        self._advance(final=True)
+        self._settle()
+        return self._take_events()
+
+    def _ended(self) -> bool:
+        raise NotImplementedError
+
+    def _settle(self) -> None:
+        raise NotImplementedError
+
+    def _advance(self, final: bool) -> None:
+        raise NotImplementedError
+
+    def _take_events(self) -> list[EventT]:
+        events, self._events = self._events, []
+        return events
+
+
+class OutputParser(StreamingParser[ParsedEvent]):
+    """Feed decoded text with `feed`; call `finish` at the end of generation.
+
+    Both return events in output order. After `done` becomes true the engine should stop
+    generating: `stopped` (a stop sequence matched, `stopped_by` says which; stop_reason
+    "stop_sequence") or `tool_limit_reached` (`max_tool_calls` calls emitted; stop_reason
+    "tool_use"). Later `feed`/`finish` calls return nothing.
+    """
+
+    def __init__(self, config: ParserConfig) -> None:
+        super().__init__(config)
         thinking = bool(config.think_start and config.think_end)
         self._readers = _reader_factory(config) if config.tools_enabled else None
         self._tool_start = (config.tool_call_start or "") if self._readers else ""
@@ -182,35 +235,15 @@ class OutputParser:
         }
 
         self._state = _State.THINKING if thinking and config.start_in_thinking else _State.TEXT
-        self._buffer = ""  # not yet classified: held-back tail plus the newest piece
         self._tool_body: list[str] = []
         self._text = TextRun(keep_indent=True)
         self._thinking = TextRun(keep_indent=False)
-        self._events: list[ParsedEvent] = []
 
-    @property
-    def stopped(self) -> bool:
-        """True once a stop sequence matched."""
-        return self.stopped_by is not None
+    def _ended(self) -> bool:
+        return self._state is _State.DONE
 
-    @property
-    def done(self) -> bool:
-        """True once the output is complete for the client: stop generating."""
-        return self.stopped or self.tool_limit_reached
-
-    def feed(self, text: str) -> list[ParsedEvent]:
-        """Take the next decoded piece; return the events it completes."""
-        if self._state is _State.DONE or not text:
-            return []
-        self._buffer += text
-        self._advance(final=False)
-        return self._take_events()
-
-    def finish(self) -> list[ParsedEvent]:
-        """End of generation: release held-back text and settle any open span."""
-        if self._state is _State.DONE:
-            return []
-        self._advance(final=True)
+    def _settle(self) -> None:
+        """Release held-back text and settle any open span."""
         if self._state is _State.TOOL_CALL:
             assert self._reader is not None
             if not self._tool_end:  # the span runs to the end of the output: it is complete
@@ -227,7 +260,6 @@ class OutputParser:
         self._emit_text(self._text.end(keep_trailing=False))
         self._thinking.end(keep_trailing=False)
         self._state = _State.DONE
-        return self._take_events()
 
     # --- the state machine ---------------------------------------------------------------
 
@@ -366,26 +398,21 @@ class OutputParser:
     # --- events ----------------------------------------------------------------------------
 
     def _emit_text(self, text: str) -> None:
-        if not text:
-            return
-        last = self._events[-1] if self._events else None
-        if isinstance(last, TextDelta):
-            self._events[-1] = TextDelta(last.text + text)
-        else:
-            self._events.append(TextDelta(text))
+        self._emit(TextDelta, text)
 
     def _emit_thinking(self, text: str) -> None:
+        self._emit(ThinkingDelta, text)
+
+    def _emit(self, kind: type[TextDelta] | type[ThinkingDelta], text: str) -> None:
+        """Text or thinking, joined to the last event when that is of the same kind."""
         if not text:
             return
         last = self._events[-1] if self._events else None
-        if isinstance(last, ThinkingDelta):
-            self._events[-1] = ThinkingDelta(last.text + text)
+        if type(last) is kind:
+            assert isinstance(last, TextDelta | ThinkingDelta)
+            self._events[-1] = kind(last.text + text)
         else:
-            self._events.append(ThinkingDelta(text))
-
-    def _take_events(self) -> list[ParsedEvent]:
-        events, self._events = self._events, []
-        return events
+            self._events.append(kind(text))
 
 
 # Added to the arguments of a call the output cut off or spoiled: the client's schema check

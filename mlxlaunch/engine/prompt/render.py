@@ -172,25 +172,28 @@ class PromptRenderer:
         thinking: bool,
         arguments: dict[str, Any] | None = None,
     ) -> str:
+        return self._with_tools(messages, tools, generation, arguments, enable_thinking=thinking)
+
+    def _call(self, messages: list[dict[str, Any]], arguments: dict[str, Any]) -> str:
+        return self._with_tools(messages, None, True, arguments)
+
+    def _with_tools(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        generation: bool,
+        arguments: dict[str, Any] | None,
+        **switches: Any,
+    ) -> str:
+        """The chat template's text for `messages`, with the tool list as this model takes it."""
         return str(
             self.tokenizer.apply_chat_template(
                 messages,
                 tools=self._tool_list(tools),
                 add_generation_prompt=generation,
-                enable_thinking=thinking,
                 tokenize=False,
+                **switches,
                 **(arguments or {}),
-            )
-        )
-
-    def _call(self, messages: list[dict[str, Any]], arguments: dict[str, Any]) -> str:
-        return str(
-            self.tokenizer.apply_chat_template(
-                messages,
-                tools=self._tool_list(None),
-                add_generation_prompt=True,
-                tokenize=False,
-                **arguments,
             )
         )
 
