@@ -19,6 +19,7 @@ def checked_parallel(cluster: Cluster, model: str) -> str:
         ConfigError: rank 0 is not this machine, or a check failed (all reasons listed).
     """
     from mlxlaunch.cluster.preflight import check_cluster
+    from mlxlaunch.engine.engine import probe_shards  # mlx-lm's answer: MLX loads only here
 
     if not is_local(cluster.hosts[0]):
         # mlx.launch would start it over ssh, where rank 0's token never arrives.
@@ -29,7 +30,7 @@ def checked_parallel(cluster: Cluster, model: str) -> str:
             hint='list 127.0.0.1 first (in a hostfile: "ssh": "127.0.0.1"), then the other '
             "machines",
         )
-    preflight = check_cluster(cluster, model, cluster.parallel)
+    preflight = check_cluster(cluster, model, cluster.parallel, probe_shards=probe_shards)
     preflight.refuse()
     if preflight.parallel is None:
         raise ConfigError(f"cannot tell how to split {model} across {cluster.size} ranks")
