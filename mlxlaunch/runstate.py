@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TypeVar, cast
+
+import psutil
 
 from mlxlaunch.home import mlxlaunch_home
 
@@ -43,16 +44,8 @@ def run_dir(home: Path | None = None) -> Path:
 
 
 def pid_alive(pid: int) -> bool:
-    """True when a process with `pid` exists (signal 0 probes without touching it)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # alive, owned by someone else
-    return True
+    """True when a process with `pid` exists (another user's included; a zombie too)."""
+    return pid > 0 and psutil.pid_exists(pid)
 
 
 @dataclass(frozen=True)
