@@ -41,7 +41,10 @@ class NetworkError(MlxLaunchError):
     exit_code = 5
 
 
-class ClaudeNotFound(MlxLaunchError):
-    """The `claude` CLI is not installed or not on PATH."""
+class AgentNotFound(MlxLaunchError):
+    """An agent's CLI (`claude`, `codex`, …) is not installed or not on PATH."""
 
     exit_code = 6
+
+
+ClaudeNotFound = AgentNotFound  # its name from before every agent was a row of one table

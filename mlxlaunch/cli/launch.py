@@ -27,10 +27,15 @@ from mlxlaunch.cli.engine_options import ENGINE_DEFAULTS, takes_engine_options
 from mlxlaunch.cli.options import model_option
 from mlxlaunch.cluster.hosts import cluster_from_options
 from mlxlaunch.errors import ConfigError
-from mlxlaunch.launch.claude_bin import CLAUDE_CODE_VERSION, INSTALL_FLAG
+from mlxlaunch.launch.agent_bin import find_or_install_agent
 from mlxlaunch.launch.claude_env import export_lines, launch_variables, parse_env_pairs
-from mlxlaunch.launch.claude_install import find_or_install
-from mlxlaunch.launch.integrations import CLAUDE, CODEX, OPENCODE, Integration
+from mlxlaunch.launch.integrations import (
+    CLAUDE,
+    CLAUDE_CODE_VERSION,
+    CODEX,
+    OPENCODE,
+    Integration,
+)
 from mlxlaunch.launch.node import NODE_FIX, node_facts, node_problem, runs_under_node
 from mlxlaunch.launch.options import EngineOptions, LaunchOptions
 from mlxlaunch.launch.terminal_check import check_claude_can_start
@@ -195,7 +200,7 @@ def claude(
     install_claude: Annotated[
         bool,
         typer.Option(
-            INSTALL_FLAG,
+            CLAUDE.install_flag,
             help=f"If no claude is found, install Claude Code {CLAUDE_CODE_VERSION} (npm) "
             "without asking.",
         ),
@@ -341,8 +346,6 @@ def _agent_command(agent: Integration, example: str) -> None:
         if print_config:
             _print_config(agent, url, token, model, engine.context_length, max_output_tokens)
             return
-        from mlxlaunch.launch.agent_bin import find_or_install_agent
-
         found = find_or_install_agent(
             agent,
             agent_bin,
@@ -420,8 +423,8 @@ def _ask(question: str) -> bool:
 
 def _claude_to_run(claude_bin: str | None, install: bool) -> Path:
     """The claude to start; on a terminal, asks before installing the pinned one."""
-    found = find_or_install(
-        claude_bin, install=install, confirm=_ask if sys.stdin.isatty() else None, say=_say
+    found = find_or_install_agent(
+        CLAUDE, claude_bin, install=install, confirm=_ask if sys.stdin.isatty() else None, say=_say
     )
     # The pinned release is a native binary; a claude that is a node script needs node 22+.
     if runs_under_node(found):

@@ -28,7 +28,7 @@ from mlxlaunch.home import mlxlaunch_home, private_dir
 from mlxlaunch.launch.agent_bin import find_agent
 from mlxlaunch.launch.agent_target import AgentSetup, AgentTarget, agent_environment, write_setup
 from mlxlaunch.launch.child import run_child
-from mlxlaunch.launch.claude_bin import claude_version, find_claude
+from mlxlaunch.launch.claude_bin import claude_version
 from mlxlaunch.launch.claude_env import claude_model_id
 from mlxlaunch.launch.cluster_serve import ClusterServed
 from mlxlaunch.launch.integrations import CLAUDE, Integration
@@ -45,25 +45,6 @@ from mlxlaunch.launch.served import Served, served
 from mlxlaunch.launch.server_log import logging_to, new_log_path, terminal_to_child
 from mlxlaunch.runstate import pid_alive
 from mlxlaunch.server.app import ServerSettings
-
-
-def launch_claude(
-    options: LaunchOptions,
-    *,
-    console: Console,
-    environ: Mapping[str, str] | None = None,
-    offer_pull: Callable[[str | None], bool] | None = None,
-    logits_hook: LogitsHook | None = None,
-) -> int:
-    """Run Claude Code against a local model; returns claude's exit code."""
-    return launch_agent(
-        CLAUDE,
-        options,
-        console=console,
-        environ=environ,
-        offer_pull=offer_pull,
-        logits_hook=logits_hook,
-    )
 
 
 def launch_agent(
@@ -85,9 +66,7 @@ def launch_agent(
     script rank 0).
     """
     environ = dict(os.environ if environ is None else environ)
-    binary = (
-        find_claude(options.agent_bin) if agent is CLAUDE else find_agent(agent, options.agent_bin)
-    )
+    binary = find_agent(agent, options.agent_bin)
     if options.verbose:
         console.print(f"{agent.name}: {binary} ({claude_version(binary) or 'version unknown'})")
     config = load_config(environ)
