@@ -29,6 +29,14 @@ class ModelNotFound(MlxLaunchError):
     exit_code = 3
 
 
+class DefaultModelMissing(ModelNotFound):
+    """The default-model setting names a model that is not here (`cause` says why)."""
+
+    def __init__(self, cause: ModelNotFound, name: str, where: str = "") -> None:
+        super().__init__(f"{cause.message}: '{name}' is the default-model setting{where}")
+        self.cause, self.name, self.where = cause, name, where
+
+
 class ModelLoadError(MlxLaunchError):
     """A model directory exists but cannot be loaded."""
 

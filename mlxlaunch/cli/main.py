@@ -75,9 +75,14 @@ def main(argv: list[str] | None = None, *, overrides: Overrides | None = None) -
         if debug:
             raise
         # Messages carry what users, files and other hosts wrote: shown as text, not markup.
-        _err.print(f"[bold red]error:[/] {escape(exc.message)}", highlight=False)
-        if exc.hint:
-            _err.print(f"[dim]hint:[/] {escape(exc.hint)}", highlight=False)
+        # The table imports the errors of every room: read only when one reaches the edge,
+        # so `mlx --help` imports no room it does not use.
+        from mlxlaunch.cli.error_text import error_text
+
+        message, hint = error_text(exc)
+        _err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+        if hint:
+            _err.print(f"[dim]hint:[/] {escape(hint)}", highlight=False)
         return exc.exit_code
     except typer.Exit as exc:
         return exc.exit_code
