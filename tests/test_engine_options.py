@@ -64,3 +64,22 @@ def test_the_rank_spec_carries_the_options_typed() -> None:
     spec = RankSpec.decoded(RankSpec(model="m", parallel="tensor", engine=options).encoded())
     assert spec.engine == options
     assert isinstance(spec.engine.cache_dir, Path)
+
+
+def test_both_commands_serve_through_the_one_call() -> None:
+    """`mlx serve` and `mlx launch` choose between here and a cluster nowhere but in
+    launch/served.py: neither imports the two lifetimes it chooses between."""
+    import ast
+
+    launch = Path(__file__).resolve().parent.parent / "mlxlaunch" / "launch"
+    for name in ("serve.py", "session.py"):
+        tree = ast.parse((launch / name).read_text())
+        imported = {
+            f"{node.module}.{alias.name}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module
+            for alias in node.names
+        }
+        assert "mlxlaunch.launch.served.served" in imported, name
+        assert "mlxlaunch.launch.serving.serving" not in imported, name
+        assert "mlxlaunch.launch.cluster_serve.cluster_serving" not in imported, name
