@@ -29,6 +29,14 @@ class ModelNotFound(MlxLaunchError):
     exit_code = 3
 
 
+class DefaultModelMissing(ModelNotFound):
+    """The default-model setting names a model that is not here (`cause` says why)."""
+
+    def __init__(self, cause: ModelNotFound, name: str, where: str = "") -> None:
+        super().__init__(f"{cause.message}: '{name}' is the default-model setting{where}")
+        self.cause, self.name, self.where = cause, name, where
+
+
 class ModelLoadError(MlxLaunchError):
     """A model directory exists but cannot be loaded."""
 
@@ -41,7 +49,10 @@ class NetworkError(MlxLaunchError):
     exit_code = 5
 
 
-class ClaudeNotFound(MlxLaunchError):
-    """The `claude` CLI is not installed or not on PATH."""
+class AgentNotFound(MlxLaunchError):
+    """An agent's CLI (`claude`, `codex`, …) is not installed or not on PATH."""
 
     exit_code = 6
+
+
+ClaudeNotFound = AgentNotFound  # its name from before every agent was a row of one table

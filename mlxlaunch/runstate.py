@@ -25,12 +25,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
+
+import psutil
 
 from mlxlaunch.home import mlxlaunch_home
 
@@ -47,16 +48,8 @@ def run_dir(home: Path | None = None) -> Path:
 
 
 def pid_alive(pid: int) -> bool:
-    """True when a process with `pid` exists (signal 0 probes without touching it)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # alive, owned by someone else
-    return True
+    """True when a process with `pid` exists (another user's included; a zombie too)."""
+    return pid > 0 and psutil.pid_exists(pid)
 
 
 @dataclass(frozen=True)

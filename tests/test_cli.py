@@ -19,7 +19,8 @@ import typer
 import mlxlaunch.cli
 from mlxlaunch import __version__
 from mlxlaunch.cli.app import app
-from mlxlaunch.cli.command_tree import subcommands
+from mlxlaunch.cli.command_tree import command_tree, subcommands
+from mlxlaunch.cli.commands import root_command
 from mlxlaunch.cli.completions import render_all
 from mlxlaunch.cli.main import main, take_debug_flag
 from mlxlaunch.errors import ModelNotFound
@@ -86,7 +87,7 @@ def test_usage_error_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
 @pytest.mark.parametrize("name", ["mlx.bash", "_mlx", "mlx.fish"])
 def test_completion_scripts_are_fresh(name: str) -> None:
     """Regenerate with `mlx completions --write completions` when this fails."""
-    expected = render_all()[name]
+    expected = render_all(command_tree(root_command()))[name]
     on_disk = (ROOT / "completions" / name).read_text()
     assert on_disk == expected, (
         f"completions/{name} is stale: run `mlx completions --write completions`"
@@ -97,7 +98,7 @@ def test_completion_scripts_cover_every_command() -> None:
     import mlxlaunch.cli.main  # noqa: F401
 
     command = typer.main.get_command(app)
-    bash = render_all()["mlx.bash"]
+    bash = render_all(command_tree(root_command()))["mlx.bash"]
     names = [name for name, sub in subcommands(command).items() if not sub.hidden]
     assert {"serve", "launch", "models", "dash", "bench"} <= set(names)
     for name in names:

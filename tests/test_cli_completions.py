@@ -15,6 +15,7 @@ import pytest
 from local_store import write_store
 
 from mlxlaunch.cli.command_tree import command_tree
+from mlxlaunch.cli.commands import root_command
 from mlxlaunch.cli.completions import render_all
 from mlxlaunch.cli.options import known_model_names
 from mlxlaunch.store import CATALOG
@@ -113,7 +114,7 @@ def test_fish_script_completes_values_and_options(store: dict[str, str]) -> None
 
 def test_value_kinds_are_read_from_the_commands() -> None:
     """Fails loudly if typer changes how a parameter's type is described (command_tree.py)."""
-    nodes = {" ".join(n.path): n for n in command_tree().walk()}
+    nodes = {" ".join(n.path): n for n in command_tree(root_command()).walk()}
     serve = nodes["serve"]
     assert {"--model", "-m", "--draft-model"} == set(serve.flags_taking("model"))
     assert "--cache-dir" in serve.flags_taking("path")
@@ -126,7 +127,7 @@ def test_value_kinds_are_read_from_the_commands() -> None:
 
 
 def test_scripts_carry_the_names_known_without_a_download() -> None:
-    for text in render_all().values():
+    for text in render_all(command_tree(root_command())).values():
         for name in known_model_names():
             assert name in text
         assert "mlx models list --names" in text

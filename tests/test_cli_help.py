@@ -10,9 +10,10 @@ import pytest
 from text_snapshots import assert_fits, assert_whole
 
 from mlxlaunch.cli.command_tree import CommandNode, command_tree
+from mlxlaunch.cli.commands import root_command
 from mlxlaunch.cli.main import main
 
-TREE = command_tree()
+TREE = command_tree(root_command())
 NODES = {" ".join(node.path) or "(root)": node for node in TREE.walk()}
 
 

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from local_store import write_store
 
-from mlxlaunch.cli.main import COMMANDS, main
+from mlxlaunch.cli.commands import COMMANDS
+from mlxlaunch.cli.main import main
 from mlxlaunch.console import MODEL_NAMES_QUERY
 from mlxlaunch.store import list_models
 

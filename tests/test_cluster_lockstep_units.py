@@ -23,6 +23,7 @@ from mlxlaunch.engine.scheduling.prompt_caches import settle
 from mlxlaunch.errors import ConfigError
 from mlxlaunch.launch.cluster_rank import SPEC_VARIABLE, TOKEN_VARIABLE, RankSpec
 from mlxlaunch.launch.cluster_serve import RankProcesses
+from mlxlaunch.launch.options import EngineOptions
 
 
 def cache_of(tokens: int) -> list[KVCache]:
@@ -77,7 +78,7 @@ def test_the_rank_spec_reaches_every_host_without_the_token() -> None:
     spec = RankSpec(
         model="tiny-moe",
         parallel="tensor",
-        engine={"cache_dir": "/tmp/x", "render": "stable"},
+        engine=EngineOptions(cache_dir=Path("/tmp/x"), render="exact"),
         auth_token="secret-token",
         allowed_origins=("http://localhost:3000",),
     )

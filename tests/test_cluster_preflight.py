@@ -19,19 +19,18 @@ import pytest
 
 from mlxlaunch.cluster.hosts import Cluster
 from mlxlaunch.cluster.preflight import (
-    INDEX_FILE,
     HostFacts,
     ModelOnHost,
     Preflight,
-    ShardPlan,
     backend_problems,
     check_cluster,
     memory_problems,
     model_problems,
     probe_command,
-    shard_plan,
     version_problems,
 )
+from mlxlaunch.cluster.shard_plan import INDEX_FILE, ShardPlan, shard_plan
+from mlxlaunch.engine.engine import probe_shards
 from mlxlaunch.errors import ConfigError
 from mlxlaunch.testing import ensure_test_model
 
@@ -104,7 +103,7 @@ def _host(name: str, **changes: object) -> HostFacts:
 def test_shard_plan_picks_what_mlx_lm_can_do(
     name: str, ranks: int, asked: str, parallel: str
 ) -> None:
-    plan = shard_plan(ensure_test_model(name), ranks, asked)  # type: ignore[arg-type]
+    plan = shard_plan(ensure_test_model(name), ranks, asked, probe_shards=probe_shards)  # type: ignore[arg-type]
     assert plan.parallel == parallel and plan.refusal is None
     assert len(plan.rank_bytes) == ranks
     assert all(0 < b <= plan.weight_bytes for b in plan.rank_bytes)
@@ -130,7 +129,7 @@ def test_shard_plan_picks_what_mlx_lm_can_do(
     ],
 )
 def test_shard_plan_refuses_with_the_reason(name: str, ranks: int, asked: str, reason: str) -> None:
-    plan = shard_plan(ensure_test_model(name), ranks, asked)  # type: ignore[arg-type]
+    plan = shard_plan(ensure_test_model(name), ranks, asked, probe_shards=probe_shards)  # type: ignore[arg-type]
     assert plan.parallel is None
     assert plan.refusal is not None and reason in plan.refusal
     assert f"over {ranks} ranks with {asked} parallelism" in plan.refusal
@@ -138,7 +137,7 @@ def test_shard_plan_refuses_with_the_reason(name: str, ranks: int, asked: str, r
 
 @pytest.mark.slow
 def test_auto_refuses_a_model_neither_mode_can_shard() -> None:
-    plan = shard_plan(ensure_test_model("tiny"), 2, "auto")
+    plan = shard_plan(ensure_test_model("tiny"), 2, "auto", probe_shards=probe_shards)
     assert plan.parallel is None and plan.refusal is not None
     assert "1 key/value heads" in plan.refusal and "no pipeline" in plan.refusal
 
@@ -147,14 +146,14 @@ def test_auto_refuses_a_model_neither_mode_can_shard() -> None:
 def test_pipeline_needs_the_weight_index(tmp_path: Path) -> None:
     copy = Path(shutil.copytree(ensure_test_model("tiny-moe"), tmp_path / "moe"))
     (copy / INDEX_FILE).unlink()
-    assert shard_plan(copy, 2, "auto").parallel == "tensor"
-    plan = shard_plan(copy, 2, "pipeline")
+    assert shard_plan(copy, 2, "auto", probe_shards=probe_shards).parallel == "tensor"
+    plan = shard_plan(copy, 2, "pipeline", probe_shards=probe_shards)
     assert plan.refusal is not None and INDEX_FILE in plan.refusal
 
 
 def test_a_directory_mlx_lm_cannot_build_is_refused_not_raised(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "no_such_arch"}))
-    plan = shard_plan(tmp_path, 2, "auto")
+    plan = shard_plan(tmp_path, 2, "auto", probe_shards=probe_shards)
     assert plan.parallel is None and plan.refusal and "cannot build" in plan.refusal
 
 
@@ -215,7 +214,9 @@ def test_remote_hosts_are_probed_through_ssh_without_a_password_prompt() -> None
 @pytest.mark.slow
 def test_alike_hosts_pass_and_the_plan_is_resolved(fake_ssh: Path) -> None:
     ensure_test_model("tiny-moe")
-    preflight = check_cluster(Cluster(("127.0.0.1", "10.0.0.2")), "tiny-moe")
+    preflight = check_cluster(
+        Cluster(("127.0.0.1", "10.0.0.2")), "tiny-moe", probe_shards=probe_shards
+    )
     assert preflight.problems == ()
     assert preflight.parallel == "tensor"
     local, remote = preflight.hosts
@@ -241,7 +242,7 @@ def test_hosts_that_differ_are_refused_with_each_reason(fake_ssh: Path, tmp_path
     (fake_ssh / "10.0.0.9.down").touch()
 
     hosts = ("127.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.9")
-    preflight = check_cluster(Cluster(hosts), "tiny-moe")
+    preflight = check_cluster(Cluster(hosts), "tiny-moe", probe_shards=probe_shards)
 
     kinds = {p.kind: p for p in preflight.findings}
     assert set(kinds) == {

@@ -17,6 +17,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm import load
 from mlx_lm.models.cache import BatchKVCache
+from mlx_lm.utils import load_model
 from transformers import PreTrainedTokenizerFast
 
 from mlxlaunch.engine.runtime.mlx_lm_internals import (
@@ -45,6 +46,7 @@ def owners(tiny_model_dir: Path) -> Iterator[dict[str, Any]]:
         "mlx_lm.models.base": importlib.import_module("mlx_lm.models.base"),
         "mlx_lm.models.<model type>": importlib.import_module(type(model).__module__),
         "mlx_lm.models.<model type>.Model.__call__": {n: i for i, n in enumerate(forward)},
+        "mlx_lm.utils.load_model": inspect.signature(load_model).parameters,
     }
 
 

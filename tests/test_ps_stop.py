@@ -27,7 +27,6 @@ from mlxlaunch.launch.processes import (
     is_running,
     live_servers,
     model_label,
-    parse_elapsed,
     process_facts,
     select_servers,
     stop_server,
@@ -99,8 +98,6 @@ def test_process_facts_of_this_process() -> None:
     assert facts.rss_bytes is not None and facts.rss_bytes > 1_000_000
     assert facts.started_at is not None and facts.started_at <= time.time()
     assert process_facts(_dead_pid()) is None
-    assert parse_elapsed("1-02:03:04") == 93784.0
-    assert parse_elapsed("05:06") == 306.0 and parse_elapsed("bad") is None
 
 
 def test_a_record_without_a_start_time_is_trusted() -> None:

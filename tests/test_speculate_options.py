@@ -8,7 +8,6 @@ from typer.testing import CliRunner
 
 from mlxlaunch.cli.main import app
 from mlxlaunch.errors import ConfigError
-from mlxlaunch.launch.cluster_commands import engine_fields
 from mlxlaunch.launch.serving import EngineOptions
 
 
@@ -23,8 +22,8 @@ def test_speculate_draft_without_a_draft_model_is_refused_before_loading() -> No
 @pytest.mark.parametrize("mode", ["lookup", "draft"])
 def test_a_cluster_refuses_an_explicit_drafter(mode: str) -> None:
     with pytest.raises(ConfigError, match="--hosts"):
-        engine_fields(EngineOptions(speculate=mode, draft_model="m"))
-    assert engine_fields(EngineOptions())["speculate"] == "auto"  # auto: off on a cluster
+        EngineOptions(speculate=mode, draft_model="m").check_for_cluster()
+    EngineOptions().check_for_cluster()  # auto: off on a cluster
 
 
 def test_an_unknown_speculate_mode_is_a_usage_error() -> None:

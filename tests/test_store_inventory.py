@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from fakehub import TINY_REPO, FakeHub, serve_test_repos
 
+from mlxlaunch.cli.error_text import error_text
 from mlxlaunch.errors import ModelNotFound
 from mlxlaunch.store import (
     ModelInUse,
@@ -150,7 +151,8 @@ def test_resolve_finds_every_kind_of_name(pulled: Path, tiny_model_dir: Path) ->
     assert resolve_model("mine").path == tiny_model_dir.resolve()
     with pytest.raises(ModelNotFound) as missing:
         resolve_model("qwen-coder-7b")  # a catalog alias, not pulled
-    assert missing.value.hint == "download it first: mlx models pull qwen-coder-7b"
+    assert missing.value.hint is None  # the store names no command: the CLI's table does
+    assert error_text(missing.value)[1] == "download it first: mlx models pull qwen-coder-7b"
     with pytest.raises(ModelNotFound, match="unknown model"):
         resolve_model("what-is-this")
 

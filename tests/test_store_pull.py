@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from fakehub import NON_MLX_FILES, TINY_REPO, FakeHub, FakeRepo
 
+from mlxlaunch.cli.error_text import error_text
 from mlxlaunch.errors import ModelNotFound, NetworkError
 from mlxlaunch.store import (
     NotAnMlxModel,
@@ -133,7 +134,7 @@ def test_repo_without_safetensors_is_refused_with_the_reason(hub: FakeHub, hub_c
     assert any("no safetensors" in p and ".bin" in p for p in plan.problems)
     with pytest.raises(NotAnMlxModel, match="no safetensors") as refused:
         pull(plan)
-    assert "--force" in (refused.value.hint or "")
+    assert "--force" in (error_text(refused.value)[1] or "")
     assert not hub_cache.exists() or not any(hub_cache.iterdir())
 
 

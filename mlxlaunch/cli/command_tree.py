@@ -8,8 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import typer
-
 from mlxlaunch.cli.options import MODEL_METAVAR
 
 # What a value is, for completion: a model name, a file or directory, or free text.
@@ -84,17 +82,9 @@ def value_kind(param: Any) -> ValueKind | None:
     return "path" if _is_path(param) else "text"
 
 
-def root_command() -> Any:
-    """The click command behind the complete `mlx` app."""
-    from mlxlaunch.cli.main import app  # every command is registered by then
-
-    return typer.main.get_command(app)
-
-
-def command_tree(cmd: Any = None, path: tuple[str, ...] = ()) -> CommandNode:
-    """Walk a click command (default: all of `mlx`) into a plain tree, sorted for stability."""
-    if cmd is None:
-        cmd = root_command()
+def command_tree(cmd: Any, path: tuple[str, ...] = ()) -> CommandNode:
+    """Walk a click command (all of `mlx`: cli/commands.py's `root_command()`) into a plain
+    tree, sorted for stability."""
     summary = getattr(cmd, "short_help", None) or cmd.help
     node = CommandNode(path=path, help=first_line(summary), full_help=cmd.help or "")
     for param in cmd.params:

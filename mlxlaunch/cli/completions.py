@@ -231,9 +231,8 @@ def fish_script(tree: CommandNode, static_names: list[str]) -> str:
     return "\n".join(lines)
 
 
-def render_all(tree: CommandNode | None = None) -> dict[str, str]:
+def render_all(tree: CommandNode) -> dict[str, str]:
     """File name → script text, for every supported shell."""
-    tree = tree or command_tree()
     names = known_model_names()
     return {
         FILENAMES["bash"]: bash_script(tree, names),
@@ -243,6 +242,7 @@ def render_all(tree: CommandNode | None = None) -> dict[str, str]:
 
 
 def completions(
+    ctx: typer.Context,
     shell: Annotated[str, typer.Argument(help="bash, zsh or fish")] = "bash",
     write: Annotated[
         Path | None, typer.Option("--write", help="Write all three scripts into this directory.")
@@ -258,7 +258,7 @@ def completions(
 
       mlx completions fish > ~/.config/fish/completions/mlx.fish
     """
-    scripts = render_all()
+    scripts = render_all(command_tree(ctx.find_root().command))
     if write is not None:
         write.mkdir(parents=True, exist_ok=True)
         for name, text in scripts.items():

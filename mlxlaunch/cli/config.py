@@ -15,6 +15,7 @@ import typer
 from rich.table import Table
 
 from mlxlaunch.cli.consoles import stderr_console, stdout_console
+from mlxlaunch.cli.error_text import error_text
 from mlxlaunch.cli.options import JsonOption
 from mlxlaunch.config import KEYS, config_path, load_config, set_value, unset_value
 from mlxlaunch.errors import ModelNotFound
@@ -84,7 +85,8 @@ def config_set(key: KeyArg, value: Annotated[str, typer.Argument(show_default=Fa
         try:
             value, downloaded = checked_model_name(value.strip())
         except ModelNotFound as exc:
-            raise ModelNotFound(f"cannot set {key}: {exc.message}", hint=exc.hint) from exc
+            message, hint = error_text(exc)
+            raise ModelNotFound(f"cannot set {key}: {message}", hint=hint) from exc
     stored = set_value(key, value)
     typer.echo(f"{key} = {stored}  ({config_path()})")
     if not downloaded:

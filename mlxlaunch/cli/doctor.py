@@ -110,7 +110,9 @@ def cluster_report(
     """Probe the cluster the options name, measure its link when every host answers."""
     cluster = cluster_from_options(hosts, hostfile, backend=backend, parallel=parallel)
     assert cluster is not None  # the caller checked that hosts or a hostfile were given
-    preflight = check_cluster(cluster, model)
+    from mlxlaunch.engine.engine import probe_shards  # mlx-lm's answer: MLX loads only here
+
+    preflight = check_cluster(cluster, model, probe_shards=probe_shards)
     broken = preflight.of_kind("unreachable", "broken", "versions", "backend")
     link = None if broken else measure_link(cluster)
     return cluster_checks(preflight, link), preflight, link

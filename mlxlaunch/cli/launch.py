@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -17,13 +16,6 @@ import typer
 from rich.console import Console
 
 from mlxlaunch.cli.app import overrides
-from mlxlaunch.cli.cache_options import (
-    CacheDirOption,
-    CacheDiskOption,
-    CacheMemoryOption,
-    DebugCacheOption,
-    SafeguardsOption,
-)
 from mlxlaunch.cli.cluster_options import (
     BackendOption,
     HostfileOption,
@@ -31,32 +23,21 @@ from mlxlaunch.cli.cluster_options import (
     ParallelOption,
 )
 from mlxlaunch.cli.consoles import stderr_console
+from mlxlaunch.cli.engine_options import ENGINE_DEFAULTS, takes_engine_options
 from mlxlaunch.cli.options import model_option
-from mlxlaunch.cli.scheduler_options import (
-    DEFAULT_IDLE_CLEAR,
-    DEFAULT_MEMORY_FRACTION,
-    DEFAULT_RENDER,
-    DEFAULT_SPECULATE,
-    ContextLengthOption,
-    DraftModelOption,
-    IdleClearOption,
-    KeepAliveOption,
-    KvBitsOption,
-    KvGroupSizeOption,
-    MaxConcurrencyOption,
-    MemoryFractionOption,
-    RenderOption,
-    SpeculateOption,
-    ToolFormatOption,
-)
-from mlxlaunch.cluster.hosts import Cluster, cluster_from_options
-from mlxlaunch.engine.settings import DEFAULT_CACHE_DISK
+from mlxlaunch.cluster.hosts import cluster_from_options
 from mlxlaunch.errors import ConfigError
-from mlxlaunch.launch.claude_bin import CLAUDE_CODE_VERSION, INSTALL_FLAG
+from mlxlaunch.launch.agent_bin import find_or_install_agent
 from mlxlaunch.launch.claude_env import export_lines, launch_variables, parse_env_pairs
-from mlxlaunch.launch.claude_install import find_or_install
-from mlxlaunch.launch.integrations import CLAUDE, CODEX, OPENCODE, Integration
+from mlxlaunch.launch.integrations import (
+    CLAUDE,
+    CLAUDE_CODE_VERSION,
+    CODEX,
+    OPENCODE,
+    Integration,
+)
 from mlxlaunch.launch.node import NODE_FIX, node_facts, node_problem, runs_under_node
+from mlxlaunch.launch.options import EngineOptions, LaunchOptions
 from mlxlaunch.launch.terminal_check import check_claude_can_start
 from mlxlaunch.store.catalog import catalog_entry, recommend
 from mlxlaunch.store.compute import this_machine
@@ -188,6 +169,7 @@ def _env_option(agent: str, default: list[str] | bool | None = False) -> Any:
 
 
 @launch_app.command("claude", help=CLAUDE_HELP, no_args_is_help=False)
+@takes_engine_options()
 def claude(
     ctx: typer.Context,
     claude_args: Annotated[
@@ -199,28 +181,13 @@ def claude(
         str | None, typer.Option(help="Model id for Claude Code's haiku tier (background work).")
     ] = None,
     port: PortOption = None,
-    context_length: ContextLengthOption = None,
     max_output_tokens: Annotated[
         int | None,
         typer.Option(
             min=1, help="Claude Code's output budget (default: window/4, less under 52k)."
         ),
     ] = None,
-    keep_alive: KeepAliveOption = None,
-    max_concurrency: MaxConcurrencyOption = None,
-    idle_clear: IdleClearOption = DEFAULT_IDLE_CLEAR,
-    memory_fraction: MemoryFractionOption = DEFAULT_MEMORY_FRACTION,
-    cache_memory: CacheMemoryOption = "auto",
-    cache_dir: CacheDirOption = None,
-    cache_disk: CacheDiskOption = DEFAULT_CACHE_DISK,
-    tool_format: ToolFormatOption = None,
-    render: RenderOption = DEFAULT_RENDER,
-    speculate: SpeculateOption = DEFAULT_SPECULATE,
-    draft_model: DraftModelOption = None,
-    kv_bits: KvBitsOption = None,
-    kv_group_size: KvGroupSizeOption = None,
-    debug_cache: DebugCacheOption = False,
-    safeguards: SafeguardsOption = True,
+    engine: EngineOptions = ENGINE_DEFAULTS,  # every engine option (cli/engine_options.py)
     preload: Annotated[bool, _preload_option("claude")] = False,
     hosts: HostsOption = None,
     hostfile: HostfileOption = None,
@@ -233,7 +200,7 @@ def claude(
     install_claude: Annotated[
         bool,
         typer.Option(
-            INSTALL_FLAG,
+            CLAUDE.install_flag,
             help=f"If no claude is found, install Claude Code {CLAUDE_CODE_VERSION} (npm) "
             "without asking.",
         ),
@@ -253,7 +220,7 @@ def claude(
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     if print_env:
-        _print_env(url, token, model, small_model, context_length, max_output_tokens, extra)
+        _print_env(url, token, model, small_model, engine.context_length, max_output_tokens, extra)
         return
     # Everything that can fail without the model fails before it loads.
     check_claude_can_start(
@@ -261,115 +228,32 @@ def claude(
     )
     cluster = cluster_from_options(hosts, hostfile, backend=backend, parallel=parallel)
     found = _claude_to_run(claude_bin, install_claude)
-    _run(
-        CLAUDE,
-        ctx,
-        found,
-        claude_args or [],
-        _ServeArgs(
-            model=model,
-            small_model=small_model,
-            port=port,
-            context_length=context_length,
-            max_output_tokens=max_output_tokens,
-            keep_alive=keep_alive,
-            max_concurrency=max_concurrency,
-            idle_clear=idle_clear,
-            memory_fraction=memory_fraction,
-            cache_memory=cache_memory,
-            cache_dir=cache_dir,
-            cache_disk=cache_disk,
-            tool_format=tool_format,
-            render=render,
-            speculate=speculate,
-            draft_model=draft_model,
-            kv_bits=kv_bits,
-            kv_group_size=kv_group_size,
-            debug_cache=debug_cache,
-            safeguards=safeguards,
-            preload=preload,
-            extra_env=extra,
-            verbose=verbose,
-            yes=yes,
-            cluster=cluster,
-        ),
-    )
-
-
-@dataclass(frozen=True)
-class _ServeArgs:
-    """The serving options every `mlx launch <agent>` takes, as parsed."""
-
-    model: str | None
-    port: int | None
-    context_length: int | None
-    max_output_tokens: int | None
-    keep_alive: str | None
-    max_concurrency: int | None
-    idle_clear: str | None
-    memory_fraction: float | None
-    cache_memory: str
-    cache_dir: Path | None
-    cache_disk: str
-    tool_format: str | None
-    render: str
-    speculate: str
-    draft_model: str | None
-    kv_bits: int | None
-    kv_group_size: int | None
-    debug_cache: bool
-    safeguards: bool
-    preload: bool
-    extra_env: dict[str, str]
-    verbose: bool
-    yes: bool
-    small_model: str | None = None
-    cluster: Cluster | None = None
-
-
-def _run(
-    agent: Integration, ctx: typer.Context, binary: Path, args: list[str], a: _ServeArgs
-) -> None:
-    """Serve the model, run `binary` with `args` against it, exit with its code."""
-    from mlxlaunch.launch.serving import EngineOptions
-    from mlxlaunch.launch.session import LaunchOptions, launch_agent
-
     options = LaunchOptions(
-        model=a.model,
-        small_model=a.small_model,
-        port=a.port,
-        engine=EngineOptions(
-            context_length=a.context_length,
-            max_concurrency=a.max_concurrency,
-            idle_clear=a.idle_clear,
-            keep_alive=a.keep_alive,
-            memory_fraction=a.memory_fraction,
-            cache_memory=a.cache_memory,
-            cache_dir=a.cache_dir,
-            cache_disk=a.cache_disk,
-            tool_format=a.tool_format,
-            render=a.render,
-            speculate=a.speculate,
-            draft_model=a.draft_model,
-            kv_bits=a.kv_bits,
-            kv_group_size=a.kv_group_size,
-            debug_cache=a.debug_cache,
-            safeguards=a.safeguards,
-        ),
-        max_output_tokens=a.max_output_tokens,
-        preload=a.preload,
-        agent_bin=str(binary),
-        agent_args=args,
-        extra_env=a.extra_env,
-        verbose=a.verbose,
-        cluster=a.cluster,
+        model=model,
+        small_model=small_model,
+        port=port,
+        engine=engine,
+        max_output_tokens=max_output_tokens,
+        preload=preload,
+        agent_bin=str(found),
+        agent_args=claude_args or [],
+        extra_env=extra,
+        verbose=verbose,
+        cluster=cluster,
     )
+    _run(CLAUDE, ctx, options, yes)
+
+
+def _run(agent: Integration, ctx: typer.Context, options: LaunchOptions, yes: bool) -> None:
+    """Serve the model, run the agent against it as `options` say, exit with its code."""
+    from mlxlaunch.launch.session import launch_agent
+
     given = overrides(ctx)
     code = launch_agent(
         agent,
         options,
         console=_console,
-        offer_pull=lambda name: _offer_pull(_console, a.yes, name),
+        offer_pull=lambda name: _offer_pull(_console, yes, name),
         logits_hook=given.logits_hook,
         rank_command=given.rank_command,
     )
@@ -420,29 +304,12 @@ def _agent_command(agent: Integration, example: str) -> None:
         ),
         model: ModelArg = None,
         port: PortOption = None,
-        context_length: ContextLengthOption = None,
         max_output_tokens: Annotated[
             int | None,
             typer.Option(min=1, help="The output budget it is told (default: from the window)."),
         ] = None,
-        keep_alive: KeepAliveOption = None,
-        max_concurrency: MaxConcurrencyOption = None,
-        idle_clear: IdleClearOption = DEFAULT_IDLE_CLEAR,
-        memory_fraction: MemoryFractionOption = DEFAULT_MEMORY_FRACTION,
-        cache_memory: CacheMemoryOption = "auto",
-        cache_dir: CacheDirOption = None,
-        cache_disk: CacheDiskOption = DEFAULT_CACHE_DISK,
-        tool_format: ToolFormatOption = None,
-        render: RenderOption = DEFAULT_RENDER,
-        speculate: SpeculateOption = DEFAULT_SPECULATE,
-        draft_model: DraftModelOption = None,
-        kv_bits: KvBitsOption = None,
-        kv_group_size: KvGroupSizeOption = None,
-        debug_cache: DebugCacheOption = False,
-        # Claude Code's auto-mode check: no other agent asks it, so it is not offered here.
-        safeguards: Annotated[
-            bool, typer.Option("--safeguards/--no-safeguards", hidden=True)
-        ] = True,
+        # Claude Code's auto-mode check (safeguards): no other agent asks it, so not shown.
+        engine: EngineOptions = ENGINE_DEFAULTS,
         preload: bool = _preload_option(agent.binary, False),
         agent_bin: str | None = typer.Option(
             None,
@@ -477,10 +344,8 @@ def _agent_command(agent: Integration, example: str) -> None:
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
         if print_config:
-            _print_config(agent, url, token, model, context_length, max_output_tokens)
+            _print_config(agent, url, token, model, engine.context_length, max_output_tokens)
             return
-        from mlxlaunch.launch.agent_bin import find_or_install_agent
-
         found = find_or_install_agent(
             agent,
             agent_bin,
@@ -488,35 +353,22 @@ def _agent_command(agent: Integration, example: str) -> None:
             confirm=_ask if sys.stdin.isatty() else None,
             say=_say,
         )
-        serve = _ServeArgs(
+        options = LaunchOptions(
             model=model,
             port=port,
-            context_length=context_length,
+            engine=engine,
             max_output_tokens=max_output_tokens,
-            keep_alive=keep_alive,
-            max_concurrency=max_concurrency,
-            idle_clear=idle_clear,
-            memory_fraction=memory_fraction,
-            cache_memory=cache_memory,
-            cache_dir=cache_dir,
-            cache_disk=cache_disk,
-            tool_format=tool_format,
-            render=render,
-            speculate=speculate,
-            draft_model=draft_model,
-            kv_bits=kv_bits,
-            kv_group_size=kv_group_size,
-            debug_cache=debug_cache,
-            safeguards=safeguards,
             preload=preload,
+            agent_bin=str(found),
+            agent_args=agent_args or [],
             extra_env=extra,
             verbose=verbose,
-            yes=yes,
             cluster=cluster_from_options(hosts, hostfile, backend=backend, parallel=parallel),
         )
-        _run(agent, ctx, found, agent_args or [], serve)
+        _run(agent, ctx, options, yes)
 
-    launch_app.command(agent.name, help=_agent_help(agent, example), no_args_is_help=False)(command)
+    shown = takes_engine_options(hidden={"safeguards"})(command)
+    launch_app.command(agent.name, help=_agent_help(agent, example), no_args_is_help=False)(shown)
 
 
 def _print_config(
@@ -571,8 +423,8 @@ def _ask(question: str) -> bool:
 
 def _claude_to_run(claude_bin: str | None, install: bool) -> Path:
     """The claude to start; on a terminal, asks before installing the pinned one."""
-    found = find_or_install(
-        claude_bin, install=install, confirm=_ask if sys.stdin.isatty() else None, say=_say
+    found = find_or_install_agent(
+        CLAUDE, claude_bin, install=install, confirm=_ask if sys.stdin.isatty() else None, say=_say
     )
     # The pinned release is a native binary; a claude that is a node script needs node 22+.
     if runs_under_node(found):

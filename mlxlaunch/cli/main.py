@@ -1,4 +1,4 @@
-"""The `mlx` command: one Typer root app, and the table of every command registered on it.
+"""The `mlx` command: the root app with every command on it (cli/commands.py), run here.
 
 Typed errors (mlxlaunch.errors.MlxLaunchError) are turned into one-line messages and distinct
 exit codes here, at the edge; `--debug` (before or after the command) shows the traceback.
@@ -14,37 +14,10 @@ import typer
 from rich.markup import escape
 
 from mlxlaunch.blas import use_optimised_blas
-from mlxlaunch.cli.app import Overrides, app
+from mlxlaunch.cli.app import Overrides
+from mlxlaunch.cli.commands import app
 from mlxlaunch.cli.consoles import stderr_console
-from mlxlaunch.cli.lazy_group import LazyCommand, register
 from mlxlaunch.errors import MlxLaunchError
-
-# Every command and group of `mlx`, registered here and nowhere else (as huggingface_hub's
-# `hf.py` does), by module and name: a command's module is imported when it runs
-# (cli/lazy_group.py), so `mlx --help` and the shell completion's `mlx models list --names`
-# import nothing they do not use. `mlx --help` lists them in this order. A new command adds
-# one line; `short_help` is its line in that list, short enough to show whole at 80 columns.
-COMMANDS = (
-    LazyCommand("serve", "serve", "serve", "Serve a model (Anthropic Messages API).", "SERVE_HELP"),
-    LazyCommand("ps", "ps", "ps", "List the mlx servers running here.", "PS_HELP"),
-    LazyCommand("stop", "ps", "stop", "Stop a running mlx server.", "STOP_HELP"),
-    LazyCommand("doctor", "doctor", "doctor", "Check this machine and suggest fixes."),
-    LazyCommand("dash", "dash", "dash", "Watch a running server live.", "DASH_HELP"),
-    LazyCommand("bench", "bench", "bench", "Measure time to first token and decode speed."),
-    LazyCommand("completions", "completions", "completions", "Print shell completion scripts."),
-    LazyCommand(
-        "launch",
-        "launch",
-        "launch_app",
-        "Start an agent (Claude Code, Codex, opencode) on a local model.",
-    ),
-    LazyCommand(
-        "models", "models", "models_app", "Manage local MLX models (the Hugging Face hub cache)."
-    ),
-    LazyCommand("config", "config", "config_app", "Read and change your settings."),
-)
-for command in COMMANDS:
-    register(command)
 
 DEBUG_FLAG = "--debug"
 
@@ -102,9 +75,14 @@ def main(argv: list[str] | None = None, *, overrides: Overrides | None = None) -
         if debug:
             raise
         # Messages carry what users, files and other hosts wrote: shown as text, not markup.
-        _err.print(f"[bold red]error:[/] {escape(exc.message)}", highlight=False)
-        if exc.hint:
-            _err.print(f"[dim]hint:[/] {escape(exc.hint)}", highlight=False)
+        # The table imports the errors of every room: read only when one reaches the edge,
+        # so `mlx --help` imports no room it does not use.
+        from mlxlaunch.cli.error_text import error_text
+
+        message, hint = error_text(exc)
+        _err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+        if hint:
+            _err.print(f"[dim]hint:[/] {escape(hint)}", highlight=False)
         return exc.exit_code
     except typer.Exit as exc:
         return exc.exit_code

@@ -18,6 +18,7 @@ import typer
 from rich.text import Text
 
 from mlxlaunch.cli.consoles import stderr_console, stdout_console
+from mlxlaunch.cli.error_text import error_text
 from mlxlaunch.cli.model_views import (
     catalog_json,
     info_fields,
@@ -285,7 +286,8 @@ def _pull_on_hosts(
             try:
                 _pull_here(name, plan.commit, force, spec, where="this machine")
             except MlxLaunchError as exc:
-                failures["this machine"] = exc.message + (f" ({exc.hint})" if exc.hint else "")
+                message, hint = error_text(exc)
+                failures["this machine"] = message + (f" ({hint})" if hint else "")
             except typer.Exit:
                 failures["this machine"] = "the model failed its check after download"
         for _, _, thread in remotes:

@@ -1,4 +1,7 @@
-"""Engine scheduling options shared by `mlx serve` and `mlx launch claude`.
+"""Engine scheduling options shared by `mlx serve` and `mlx launch <agent>`.
+
+Their defaults are `EngineOptions`' (launch/options.py); cli/engine_options.py puts them on
+every serving command.
 
 Kept free of MLX imports so the CLI starts fast; durations are checked while parsing, so a bad
 value fails before a model loads.
@@ -14,9 +17,6 @@ import typer
 from mlxlaunch.config import MIN_CONTEXT_LENGTH, check_context_length
 from mlxlaunch.engine.settings import KV_BITS, KV_GROUP_SIZES, parse_duration
 from mlxlaunch.store.dialects import DIALECTS, dialect_named
-
-DEFAULT_IDLE_CLEAR = "30s"
-DEFAULT_MEMORY_FRACTION = 0.85
 
 
 def _duration(value: str | None) -> str | None:
@@ -160,7 +160,6 @@ def one_of(choices: tuple[str, ...]) -> Callable[[str], str]:
 
 # Speculative decoding (`engine.config.SpeculateMode`).
 SPECULATE_MODES = ("auto", "lookup", "draft", "off")
-DEFAULT_SPECULATE = "auto"
 SpeculateOption = Annotated[
     str,
     typer.Option(
@@ -185,7 +184,6 @@ DraftModelOption = Annotated[
 
 # The engine's render modes (`engine.config.RenderMode`).
 RENDER_MODES = ("stable", "exact")
-DEFAULT_RENDER = "stable"
 RenderOption = Annotated[
     str,
     typer.Option(

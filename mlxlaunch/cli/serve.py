@@ -7,13 +7,6 @@ from typing import Annotated
 import typer
 
 from mlxlaunch.cli.app import overrides
-from mlxlaunch.cli.cache_options import (
-    CacheDirOption,
-    CacheDiskOption,
-    CacheMemoryOption,
-    DebugCacheOption,
-    SafeguardsOption,
-)
 from mlxlaunch.cli.cluster_options import (
     BackendOption,
     HostfileOption,
@@ -21,25 +14,10 @@ from mlxlaunch.cli.cluster_options import (
     ParallelOption,
 )
 from mlxlaunch.cli.consoles import stderr_console
+from mlxlaunch.cli.engine_options import ENGINE_DEFAULTS, takes_engine_options
 from mlxlaunch.cli.options import model_option
-from mlxlaunch.cli.scheduler_options import (
-    DEFAULT_IDLE_CLEAR,
-    DEFAULT_MEMORY_FRACTION,
-    DEFAULT_RENDER,
-    DEFAULT_SPECULATE,
-    DraftModelOption,
-    IdleClearOption,
-    KeepAliveOption,
-    KvBitsOption,
-    KvGroupSizeOption,
-    MaxConcurrencyOption,
-    MemoryFractionOption,
-    RenderOption,
-    ServeContextLengthOption,
-    SpeculateOption,
-    ToolFormatOption,
-)
-from mlxlaunch.engine.settings import DEFAULT_CACHE_DISK
+from mlxlaunch.cli.scheduler_options import ServeContextLengthOption
+from mlxlaunch.launch.options import EngineOptions, ServeOptions
 
 SERVE_HELP = """Serve a model under the Anthropic Messages API (POST /v1/messages).
 
@@ -62,6 +40,7 @@ Examples:
 _console = stderr_console()
 
 
+@takes_engine_options(replaced={"context_length": ServeContextLengthOption})
 def serve(
     ctx: typer.Context,
     model: Annotated[str, model_option("Alias, repo id, local path, or `demo`.")],
@@ -77,22 +56,7 @@ def serve(
             show_default=False,
         ),
     ] = None,
-    context_length: ServeContextLengthOption = None,
-    max_concurrency: MaxConcurrencyOption = None,
-    idle_clear: IdleClearOption = DEFAULT_IDLE_CLEAR,
-    keep_alive: KeepAliveOption = None,
-    memory_fraction: MemoryFractionOption = DEFAULT_MEMORY_FRACTION,
-    cache_memory: CacheMemoryOption = "auto",
-    cache_dir: CacheDirOption = None,
-    cache_disk: CacheDiskOption = DEFAULT_CACHE_DISK,
-    tool_format: ToolFormatOption = None,
-    render: RenderOption = DEFAULT_RENDER,
-    speculate: SpeculateOption = DEFAULT_SPECULATE,
-    draft_model: DraftModelOption = None,
-    kv_bits: KvBitsOption = None,
-    kv_group_size: KvGroupSizeOption = None,
-    debug_cache: DebugCacheOption = False,
-    safeguards: SafeguardsOption = True,
+    engine: EngineOptions = ENGINE_DEFAULTS,  # every engine option (cli/engine_options.py)
     preload: Annotated[
         bool, typer.Option("--preload/--no-preload", help="Load the model before serving.")
     ] = True,
@@ -122,8 +86,7 @@ def serve(
 ) -> None:
     # The engine (and mlx) load only when serving, keeping every other `mlx` command quick.
     from mlxlaunch.cluster.hosts import cluster_from_options
-    from mlxlaunch.launch.serve import ServeOptions, serve_model
-    from mlxlaunch.launch.serving import EngineOptions
+    from mlxlaunch.launch.serve import serve_model
 
     options = ServeOptions(
         model=model,
@@ -135,24 +98,7 @@ def serve(
         allowed_origins=tuple(allow_origin or ()),
         preload=preload,
         cluster=cluster_from_options(hosts, hostfile, backend=backend, parallel=parallel),
-        engine=EngineOptions(
-            context_length=context_length,
-            max_concurrency=max_concurrency,
-            idle_clear=idle_clear,
-            keep_alive=keep_alive,
-            memory_fraction=memory_fraction,
-            cache_memory=cache_memory,
-            cache_dir=cache_dir,
-            cache_disk=cache_disk,
-            tool_format=tool_format,
-            render=render,
-            speculate=speculate,
-            draft_model=draft_model,
-            debug_cache=debug_cache,
-            safeguards=safeguards,
-            kv_bits=kv_bits,
-            kv_group_size=kv_group_size,
-        ),
+        engine=engine,
     )
     given = overrides(ctx)
     serve_model(

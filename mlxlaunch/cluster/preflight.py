@@ -7,18 +7,17 @@ says what is wrong and how to fix it; `Preflight.refuse()` turns them into one C
 Design: a cluster that starts with mismatched mlx versions, different model files or a shard
 that does not fit fails minutes later, on some rank, with a traceback about shapes or a lost
 peer; here the same facts are read in about a second and refused with the reason. The shard
-plan asks mlx-lm itself: it builds the architecture lazily (no weight is read or evaluated) and
-runs the model's own `shard()` and `model.pipeline()` against a stand-in group, so what they
-check (every sharded dimension divisible by the rank count, enough layers) is checked exactly;
-on top, the head counts must divide, which `shard()` does not check (it floors them).
+plan asks mlx-lm itself, through the caller's `probe_shards` (the engine's runtime: this room
+reads no mlx-lm): it builds the architecture lazily (no weight is read or evaluated) and runs
+the model's own `shard()` and `model.pipeline()` against a stand-in group, so what they check
+(every sharded dimension divisible by the rank count, enough layers) is checked exactly; on
+top, the head counts must divide, which `shard()` does not check (it floors them). Here: the
+bytes each rank holds, from the safetensors headers.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
-import re
-import struct
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -29,17 +28,15 @@ from typing import Any, Literal
 
 from mlxlaunch.cluster.hosts import Cluster, Parallel, is_local, ssh_argv
 from mlxlaunch.cluster.remote_text import printable
+from mlxlaunch.cluster.shard_plan import Mode, ProbeShards, ShardPlan, shard_plan
 from mlxlaunch.errors import ConfigError
 from mlxlaunch.store.memory import format_bytes
 
-Mode = Literal["tensor", "pipeline"]
 PROBE_MODULE = "mlxlaunch.cluster.probe"
 PROBE_TIMEOUT = 30.0  # seconds per host: ssh's ConnectTimeout is 5, the probe itself < 1
 SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=5")
 SSH_UNREACHABLE = 255  # ssh's own exit status when it cannot connect or authenticate
 MATCHED_PACKAGES = ("mlx", "mlx-lm", "mlxlaunch")
-INDEX_FILE = "model.safetensors.index.json"
-LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")  # as sharded_load matches checkpoint layers
 
 
 # --- one host ---------------------------------------------------------------------------
@@ -218,242 +215,6 @@ def probe_hosts(
     hosts = distinct_hosts(cluster)
     with ThreadPoolExecutor(max_workers=min(len(hosts), 16)) as pool:
         return list(pool.map(lambda h: probe_host(h, model, python=python, timeout=timeout), hosts))
-
-
-# --- the shard plan ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ShardPlan:
-    """How `size` ranks split a model, or why they cannot.
-
-    `parallel` is None when refused (`refusal` says why); `rank_bytes[r]` is what rank r holds
-    of the weights; `layers[r]` is rank r's [start, end) for pipeline parallelism (as mlx-lm's
-    `pipeline()` splits them: rank 0 runs the last layers).
-    """
-
-    size: int
-    asked: Parallel
-    parallel: Mode | None
-    model_type: str
-    weight_bytes: int
-    rank_bytes: tuple[int, ...] = ()
-    layers: tuple[tuple[int, int], ...] = ()
-    tensor_problem: str | None = None
-    pipeline_problem: str | None = None
-
-    @property
-    def refusal(self) -> str | None:
-        """Why the asked mode cannot work, as a sentence; None when the plan stands."""
-        if self.parallel is not None:
-            return None
-        reasons = {
-            "tensor": self.tensor_problem,
-            "pipeline": self.pipeline_problem,
-        }.get(self.asked) or f"{self.tensor_problem} {self.pipeline_problem}"
-        how = "" if self.asked == "auto" else f" with {self.asked} parallelism"
-        return f"{self.model_type} cannot be sharded over {self.size} ranks{how}: {reasons}"
-
-    def describe(self) -> str:
-        """One line: the mode and what each rank holds."""
-        if self.parallel is None:
-            return f"refused: {self.refusal}"
-        each = ", ".join(format_bytes(b) for b in self.rank_bytes)
-        text = f"{self.parallel} parallel over {self.size} ranks ({each} per rank)"
-        if self.layers:
-            text += "; layers " + ", ".join(
-                f"r{r}: {a}-{b - 1}" for r, (a, b) in enumerate(self.layers)
-            )
-        return text
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "size": self.size,
-            "asked": self.asked,
-            "parallel": self.parallel,
-            "model_type": self.model_type,
-            "weight_bytes": self.weight_bytes,
-            "rank_bytes": list(self.rank_bytes),
-            "layers": [list(r) for r in self.layers],
-            "tensor_problem": self.tensor_problem,
-            "pipeline_problem": self.pipeline_problem,
-            "refusal": self.refusal,
-        }
-
-
-class _PlanGroup:
-    """Stands in for an `mx.distributed.Group` of `size` ranks: `shard()` and `pipeline()`
-    only ask its size and rank while they build the sharded modules (no collective runs)."""
-
-    def __init__(self, size: int, rank: int = 0) -> None:
-        self._size, self._rank = size, rank
-
-    def size(self) -> int:
-        return self._size
-
-    def rank(self) -> int:
-        return self._rank
-
-
-def _lazy_model(model_dir: Path) -> tuple[Any, dict[str, Any]]:
-    """The architecture of `model_dir`, built as mlx-lm's `load_model` builds it but without
-    weights: its parameters are lazy arrays that are never evaluated."""
-    import mlx.nn as nn
-    from mlx_lm.utils import load_config, load_model
-
-    config = load_config(model_dir)
-    # The model-class lookup load_model itself uses (its default), so remaps stay mlx-lm's.
-    classes = inspect.signature(load_model).parameters["get_model_classes"].default
-    model_class, args_class = classes(config=config)
-    model = model_class(args_class.from_dict(config))
-    quantization = config.get("quantization")
-    if isinstance(quantization, dict) and "bits" in quantization:
-        # Sharding a quantized layer splits its packed weight and scales: quantize the same
-        # way so the divisibility checks see the shapes the real load makes.
-        group = int(quantization.get("group_size", 64))
-        nn.quantize(
-            model,
-            group_size=group,
-            bits=int(quantization["bits"]),
-            mode=quantization.get("mode", "affine"),
-            class_predicate=lambda _, m: (
-                hasattr(m, "to_quantized") and m.weight.shape[-1] % group == 0
-            ),
-        )
-    return model, config
-
-
-def _parameter_count(model: Any) -> int:
-    from mlx.utils import tree_flatten
-
-    leaves: Any = tree_flatten(model.parameters())  # a list of (path, array) pairs
-    return sum(int(array.size) for _, array in leaves)
-
-
-def _head_counts(config: dict[str, Any]) -> tuple[int | None, int | None]:
-    nested = config.get("text_config")
-    text: dict[str, Any] = nested if isinstance(nested, dict) else {}
-    heads = config.get("num_attention_heads", text.get("num_attention_heads"))
-    kv_heads = config.get("num_key_value_heads", text.get("num_key_value_heads", heads))
-    return heads, kv_heads
-
-
-def _tensor_problem(
-    model: Any, config: dict[str, Any], size: int, weights: int
-) -> tuple[str | None, tuple[int, ...]]:
-    model_type = config.get("model_type", "?")
-    if not hasattr(model, "shard"):
-        return f"mlx-lm's {model_type} has no tensor parallelism (its Model has no shard()).", ()
-    heads, kv_heads = _head_counts(config)
-    for count, what in ((heads, "attention"), (kv_heads, "key/value")):
-        if isinstance(count, int) and count % size:
-            return (
-                f"tensor parallelism splits the heads over the ranks, and {count} {what} heads "
-                f"do not divide by {size} ranks.",
-                (),
-            )
-    before = _parameter_count(model)
-    try:
-        model.shard(_PlanGroup(size))
-    except Exception as exc:  # mlx's shard_linear raises ValueError on a dimension that won't split
-        return f"mlx-lm's shard() for {model_type} fails on {size} ranks: {exc}", ()
-    share = _parameter_count(model) / before if before else 1.0
-    return None, (round(weights * share),) * size
-
-
-def _tensor_bytes(model_dir: Path) -> dict[str, tuple[str, int]]:
-    """Each checkpoint tensor's file and byte size, from the safetensors headers (no data read)."""
-    sizes: dict[str, tuple[str, int]] = {}
-    for path in sorted(model_dir.glob("*.safetensors")):
-        with path.open("rb") as fh:
-            (length,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(length))
-        for name, info in header.items():
-            if isinstance(info, dict) and "data_offsets" in info:
-                start, end = info["data_offsets"]
-                sizes[name] = (path.name, int(end) - int(start))
-    return sizes
-
-
-def _pipeline_problem(
-    model: Any, model_dir: Path, config: dict[str, Any], size: int, weights: int
-) -> tuple[str | None, tuple[int, ...], tuple[tuple[int, int], ...]]:
-    model_type = config.get("model_type", "?")
-    inner = getattr(model, "model", None)
-    if inner is None or not hasattr(inner, "pipeline"):
-        return f"mlx-lm's {model_type} has no pipeline parallelism (no model.pipeline()).", (), ()
-    if not (model_dir / INDEX_FILE).is_file():
-        return (
-            f"pipeline parallelism picks each rank's weights from {INDEX_FILE}, and "
-            f"{model_dir} has none; convert the model with mlx_lm.convert to write one.",
-            (),
-            (),
-        )
-    layers = list(inner.layers)
-    if len(layers) < size:
-        return f"{len(layers)} layers cannot be split over {size} ranks.", (), ()
-    ranges = []
-    try:
-        for rank in range(size):  # mlx-lm's own split, asked once per rank
-            inner.layers = list(layers)
-            inner.pipeline(_PlanGroup(size, rank))
-            ranges.append((int(inner.start_idx), int(inner.end_idx)))
-    except Exception as exc:
-        return f"mlx-lm's pipeline() for {model_type} fails on {size} ranks: {exc}", (), ()
-    finally:
-        inner.layers = layers
-    try:
-        tensors = _tensor_bytes(model_dir)
-    except (OSError, ValueError, struct.error):
-        tensors = {}
-    found_layers = {int(m.group(1)) for n in tensors if (m := LAYER.search(n))}
-    if tensors and (missing := sorted(set(range(len(layers))) - found_layers)):
-        return f"the checkpoint has no weights for layers {missing}.", (), ()
-    if not tensors:  # headers unreadable: assume layers of equal size
-        return None, tuple(weights * (b - a) // len(layers) for a, b in ranges), tuple(ranges)
-    rank_bytes = []
-    for start, end in ranges:
-        held = 0
-        for name, (_, nbytes) in tensors.items():
-            m = LAYER.search(name)
-            if m is None or start <= int(m.group(1)) < end:  # embeddings, norm, head: on all
-                held += nbytes
-        rank_bytes.append(held)
-    return None, tuple(rank_bytes), tuple(ranges)
-
-
-def shard_plan(model_dir: Path, size: int, parallel: Parallel = "auto") -> ShardPlan:
-    """How `size` ranks shard the model in `model_dir`, by mlx-lm's rules (see the module
-    docstring): "auto" takes tensor parallelism where it works, else pipeline; an explicit
-    mode that cannot work, or neither, gives a plan with `parallel=None` and a `refusal`."""
-    weights = sum(p.stat().st_size for p in Path(model_dir).glob("*.safetensors"))
-    model_dir = Path(model_dir)
-    try:
-        model, config = _lazy_model(model_dir)
-    except Exception as exc:
-        reason = f"mlx-lm cannot build the model in {model_dir}: {exc}"
-        return ShardPlan(size, parallel, None, "?", weights, (), (), reason, reason)
-    model_type = str(config.get("model_type", "?"))
-    # Pipeline first: its check restores the layers, while shard() replaces modules in place.
-    pipe_problem, pipe_bytes, ranges = _pipeline_problem(model, model_dir, config, size, weights)
-    tensor_problem, tensor_bytes = _tensor_problem(model, config, size, weights)
-    plan = ShardPlan(
-        size, parallel, None, model_type, weights, (), (), tensor_problem, pipe_problem
-    )
-    if parallel in ("auto", "tensor") and tensor_problem is None:
-        return _with(plan, "tensor", tensor_bytes, ())
-    if parallel in ("auto", "pipeline") and pipe_problem is None:
-        return _with(plan, "pipeline", pipe_bytes, ranges)
-    return plan
-
-
-def _with(
-    plan: ShardPlan, mode: Mode, rank_bytes: tuple[int, ...], layers: tuple[tuple[int, int], ...]
-) -> ShardPlan:
-    return ShardPlan(
-        plan.size, plan.asked, mode, plan.model_type, plan.weight_bytes, rank_bytes, layers,
-        plan.tensor_problem, plan.pipeline_problem,
-    )  # fmt: skip
 
 
 # --- the whole cluster ------------------------------------------------------------------
@@ -638,6 +399,7 @@ def check_cluster(
     model: str | None,
     parallel: Parallel | None = None,
     *,
+    probe_shards: ProbeShards,
     python: str | None = None,
     timeout: float = PROBE_TIMEOUT,
 ) -> Preflight:
@@ -657,7 +419,8 @@ def check_cluster(
         if directory is None:
             notes.append(f"shard plan not checked: model {model!r} is not on this machine")
         else:
-            plan = shard_plan(directory, cluster.size, parallel or cluster.parallel)
+            asked = parallel or cluster.parallel
+            plan = shard_plan(directory, cluster.size, asked, probe_shards=probe_shards)
             if plan.refusal:
                 other = "another --parallel mode or " if plan.asked != "auto" else ""
                 text = f"{plan.refusal} Choose {other}another number of ranks."

@@ -24,6 +24,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 # Distribution names whose versions must agree across hosts (and python, for the report).
 PACKAGES = ("mlx", "mlx-lm", "mlxlaunch")
 PROBED_BACKENDS = ("ring", "jaccl", "mpi")
@@ -46,15 +48,10 @@ def memory_bytes() -> tuple[int | None, int | None]:
     if sys.platform == "darwin":
         return _darwin_memory()
     try:
-        fields = {}
-        for line in Path("/proc/meminfo").read_text(encoding="ascii").splitlines():
-            key, _, value = line.partition(":")
-            parts = value.split()
-            if parts:
-                fields[key] = int(parts[0]) * 1024  # the kernel reports kB
-    except (OSError, ValueError):
+        memory = psutil.virtual_memory()  # MemTotal and MemAvailable of /proc/meminfo on Linux
+    except (OSError, RuntimeError):
         return None, None
-    return fields.get("MemTotal"), fields.get("MemAvailable", fields.get("MemFree"))
+    return int(memory.total), int(memory.available)
 
 
 def _darwin_memory() -> tuple[int | None, int | None]:

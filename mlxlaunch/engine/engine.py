@@ -35,6 +35,9 @@ from mlxlaunch.engine.decoding.plan import (
     plan_decoding,
 )
 from mlxlaunch.engine.prompt.render import RenderedPrompt
+
+# How mlx-lm would split a model over ranks (the cluster checks ask it through the face).
+from mlxlaunch.engine.runtime.shard_probe import probe_shards as probe_shards
 from mlxlaunch.engine.scheduling.duplicates import (
     DuplicateRegistry,
     SharedSink,

@@ -2,8 +2,8 @@
 
 Lookup order, for every entry of the integrations table: `--<name>-bin`, then the entry's
 binary on PATH, then its pinned install `<home>/<install_dir>/<version>/node_modules/.bin/<bin>`,
-which `--install-<name>` (or a yes on a terminal) puts there with npm. Claude Code keeps its
-own module pair (claude_bin, claude_install: same order, its own error type and messages).
+which `--install-<name>` (or a yes on a terminal) puts there with npm. Claude Code is one
+more row (`integrations.CLAUDE`); claude_bin and claude_install name its row's functions.
 """
 
 from __future__ import annotations
@@ -14,21 +14,13 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from mlxlaunch.errors import MlxLaunchError
+from mlxlaunch.errors import AgentNotFound, MlxLaunchError
 from mlxlaunch.home import mlxlaunch_home, private_dir
-from mlxlaunch.launch import claude_install
-from mlxlaunch.launch.claude_bin import NPM_INSTALL_FLAGS
-from mlxlaunch.launch.integrations import Integration
-from mlxlaunch.launch.node import NODE_FIX
+from mlxlaunch.launch.integrations import NPM_INSTALL_FLAGS, Integration
+from mlxlaunch.launch.node import NODE_FIX, node_facts, node_problem
 
 Confirm = Callable[[str], bool]
 Say = Callable[[str], None]
-
-
-class AgentNotFound(MlxLaunchError):
-    """The agent's CLI is not installed or not on PATH."""
-
-    exit_code = 6
 
 
 class AgentInstallFailed(MlxLaunchError):
@@ -136,6 +128,16 @@ def install_agent(
     return binary
 
 
+def install_question(agent: Integration, prefix: Path | None = None) -> str:
+    """The consent question: what will be installed, where, and with which command."""
+    where = prefix or pinned_prefix(agent)
+    return (
+        f"{agent.title} is not installed. Install {agent.release.package}@"
+        f"{agent.release.version} into {where}?\n"
+        f"  (runs: {' '.join(npm_install_command(agent, where))})"
+    )
+
+
 def find_or_install_agent(
     agent: Integration,
     explicit: str | None = None,
@@ -150,22 +152,16 @@ def find_or_install_agent(
     """The executable to run, installing the pinned release when none is found and the user
     agreed: `install` (the flag) or `confirm(question)` (None: cannot ask). An explicit
     `--<name>-bin` that does not exist is an error, never a reason to install."""
-    if agent.name == "claude":
-        return claude_install.find_or_install(
-            explicit, install=install, confirm=confirm, say=say, path=path, prefix=prefix,
-            timeout=timeout,
-        )  # fmt: skip
     try:
         return find_agent(agent, explicit, path, prefix)
     except AgentNotFound:
         where = prefix or pinned_prefix(agent)
-        question = (
-            f"{agent.title} is not installed. Install {agent.release.package}@"
-            f"{agent.release.version} into {where}?\n"
-            f"  (runs: {' '.join(npm_install_command(agent, where))})"
-        )
+        question = install_question(agent, where)
         if explicit or not (install or (confirm is not None and confirm(question))):
             raise
+    problem = node_problem(node_facts(path))
+    if problem is not None:  # npm runs under node: say why it may fail before it does
+        say(f"warning: {problem}; {NODE_FIX}")
     say(f"installing {agent.title} {agent.release.version} into {where} with npm…")
     binary = install_agent(agent, where, path=path, timeout=timeout)
     say(f"installed: {binary}")

@@ -29,6 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# Light (no MLX): mlx.launch starts this module on every host, which reads the spec first.
+from mlxlaunch.launch.options import EngineOptions
+
 SPEC_VARIABLE = "MLXLAUNCH_CLUSTER_SPEC"
 TOKEN_VARIABLE = "MLXLAUNCH_CLUSTER_TOKEN"  # rank 0's alone, never on a command line
 READY_MARK = "MLXLAUNCH-CLUSTER-READY "  # + JSON: url, context_window, pid
@@ -44,7 +47,7 @@ class RankSpec:
     model: str  # the name as the user gave it (each host resolves it in its own store)
     parallel: str  # "tensor" or "pipeline", decided before the ranks start
     kind: str = "serve"  # what rank 0's state file says: "serve" or "launch"
-    engine: dict[str, Any] = field(default_factory=dict)  # EngineOptions fields
+    engine: EngineOptions = field(default_factory=EngineOptions)
     host: str = "127.0.0.1"
     port: int = 0
     auth_token: str | None = None
@@ -60,12 +63,14 @@ class RankSpec:
     supervisor_pid: int | None = None  # the `mlx` that started the ranks: they end with it
 
     def encoded(self) -> str:
-        return base64.b64encode(json.dumps(dataclasses.asdict(self)).encode()).decode()
+        data = {**dataclasses.asdict(self), "engine": self.engine.as_json()}
+        return base64.b64encode(json.dumps(data).encode()).decode()
 
     @classmethod
     def decoded(cls, text: str) -> RankSpec:
         data = json.loads(base64.b64decode(text.encode()).decode())
         data["allowed_origins"] = tuple(data.get("allowed_origins") or ())
+        data["engine"] = EngineOptions.from_json(data.get("engine") or {})
         return cls(**data)
 
 
@@ -122,7 +127,6 @@ def run_rank(spec: RankSpec, logits_hook: Any = None) -> int:
     from mlxlaunch.engine.engine import follow, join_cluster
     from mlxlaunch.engine.types import ClusterLost
     from mlxlaunch.launch.models import ChosenModel
-    from mlxlaunch.launch.serving import EngineOptions
 
     # A rank stuck in a collective says where on SIGUSR1 (`kill -USR1 <pid>`): a hang across
     # machines is otherwise silent.
@@ -147,7 +151,7 @@ def run_rank(spec: RankSpec, logits_hook: Any = None) -> int:
                 flush=True,
             )
         return MISMATCH_EXIT
-    options = EngineOptions(**_engine_fields(spec.engine))
+    options = spec.engine
     role = ClusterRole(group, spec.parallel)  # type: ignore[arg-type]
     if not group.leads:
         config = EngineConfig(model=str(path), cluster=role, **options.config_arguments())
@@ -166,14 +170,7 @@ def rank_model_dir(name: str) -> Path:
     return resolve_model(name, record_use=True, shard_ok=True).path
 
 
-def _engine_fields(data: dict[str, Any]) -> dict[str, Any]:
-    fields = dict(data)
-    if fields.get("cache_dir") is not None:
-        fields["cache_dir"] = Path(fields["cache_dir"])
-    return fields
-
-
-def _serve(spec: RankSpec, model: Any, options: Any, role: Any, logits_hook: Any) -> int:
+def _serve(spec: RankSpec, model: Any, options: EngineOptions, role: Any, logits_hook: Any) -> int:
     """Rank 0: serve until told to stop (SIGTERM, SIGINT) or until a rank is lost."""
     from rich.console import Console
 

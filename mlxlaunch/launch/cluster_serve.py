@@ -63,6 +63,19 @@ class ClusterServed:
     client: ClientSettings
     ranks: RankProcesses
 
+    def running(self) -> bool:
+        """Every rank still serves."""
+        return self.ranks.running()
+
+    def stopping_note(self) -> str:
+        """What Ctrl-C prints."""
+        return "stopping every rank…"
+
+    @property
+    def failure(self) -> str | None:
+        """The first rank that ended badly, in words (None: none did)."""
+        return self.ranks.failure
+
 
 class RankProcesses:
     """The ranks of one serve: `mlx.launch` in its own process group, its output relayed."""

@@ -20,7 +20,6 @@ from typing import Literal
 
 from mlxlaunch.launch import claude_env, codex_config, opencode_config
 from mlxlaunch.launch.agent_target import AgentSetup, AgentTarget
-from mlxlaunch.launch.claude_bin import CLAUDE_CODE_PACKAGE, CLAUDE_CODE_VERSION
 
 # Which of the server's APIs an agent calls: Anthropic Messages, OpenAI Responses, Chat Completions.
 Api = Literal["messages", "responses", "chat"]
@@ -29,6 +28,24 @@ API_PATHS: Mapping[Api, str] = {
     "responses": "/v1/responses",
     "chat": "/v1/chat/completions",
 }
+
+
+# The Claude Code release this product is tested against (its captured requests live in
+# tests/fixtures/claude-code-<version>). The Makefile and the end-to-end tests read it here.
+CLAUDE_CODE_VERSION = "2.1.332"
+CLAUDE_CODE_PACKAGE = "@anthropic-ai/claude-code"
+
+# How every pinned agent is installed: npm's audit, funding and update notices, and its
+# dependencies' deprecation warnings, are noise to a user who asked for one exact release;
+# errors still show (the install's failure hint points at them). An exact version never
+# changes, so npm's cache is as good as the registry: a reinstall needs no network.
+NPM_INSTALL_FLAGS = (
+    "--no-audit",
+    "--no-fund",
+    "--no-update-notifier",
+    "--loglevel=error",
+    "--prefer-offline",
+)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from mlxlaunch.config import UserConfig
 from mlxlaunch.engine.settings import context_window_of
-from mlxlaunch.errors import ModelNotFound
+from mlxlaunch.errors import DefaultModelMissing, ModelNotFound
 from mlxlaunch.store.catalog import catalog_entry, recommend
 from mlxlaunch.store.facts import read_config, weight_files
 from mlxlaunch.store.inventory import LocalModel, list_models
@@ -214,12 +214,7 @@ def _default_model_dir(config: UserConfig) -> Path:
     try:
         return resolve_name(name)
     except ModelNotFound as exc:
-        where = f" in {config.path}" if config.path else ""
-        change = "change it: mlx config set default-model NAME, or mlx config unset default-model"
-        raise ModelNotFound(
-            f"{exc.message}: '{name}' is the default-model setting{where}",
-            hint=f"{exc.hint}; or {change}" if exc.hint else change,
-        ) from exc
+        raise DefaultModelMissing(exc, name, f" in {config.path}" if config.path else "") from exc
 
 
 def checked_model_name(name: str) -> tuple[str, bool]:

@@ -1,6 +1,6 @@
 """Running servers as processes: their memory and start time, which one a user means, stopping.
 
-Facts come from /proc on Linux and from `ps` elsewhere (macOS). A record whose pid now belongs
+Facts come from psutil (the same on Linux and macOS). A record whose pid now belongs
 to a process that started after the record was written is stale (the pid was reused), so
 `mlx stop` never signals a stranger. Stopping is SIGTERM, then a bounded wait: `mlx serve` and
 `mlx launch` drain and remove their own records on SIGTERM.
@@ -9,25 +9,22 @@ to a process that started after the record was written is stale (the pid was reu
 from __future__ import annotations
 
 import os
-import re
 import signal
-import subprocess
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 from mlxlaunch.errors import MlxLaunchError
 from mlxlaunch.launch.state import remove_state
-from mlxlaunch.runstate import RunState, pid_alive, running_servers
+from mlxlaunch.runstate import RunState, running_servers
 
 # A record is written a moment after its process starts; allow for clock granularity.
 START_SLACK_S = 5.0
 # `mlx serve` drains for up to 5 s, `mlx launch` gives claude 5 s and drains for 2 s.
 STOP_TIMEOUT_S = 20.0
-
-_PROC = Path("/proc")
-_ELAPSED = re.compile(r"^(?:(?:(\d+)-)?(\d+):)?(\d+):(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -39,65 +36,24 @@ class ProcessFacts:
     zombie: bool  # exited, not yet reaped by its parent
 
 
-def _proc_facts(pid: int, proc: Path) -> ProcessFacts | None:
-    try:
-        stat = (proc / str(pid) / "stat").read_text()
-        status = (proc / str(pid) / "status").read_text()
-        boot = (proc / "stat").read_text()
-    except OSError:
-        return None
-    # Fields after the parenthesised command name: state is field 3, start time field 22.
-    fields = stat.rsplit(")", 1)[1].split()
-    rss = re.search(r"^VmRSS:\s+(\d+)\s+kB", status, re.MULTILINE)
-    btime = re.search(r"^btime\s+(\d+)", boot, re.MULTILINE)
-    started = None
-    if btime is not None:
-        started = int(btime.group(1)) + int(fields[19]) / os.sysconf("SC_CLK_TCK")
-    return ProcessFacts(
-        rss_bytes=int(rss.group(1)) * 1024 if rss else None,
-        started_at=started,
-        zombie=fields[0] == "Z",
-    )
-
-
-def parse_elapsed(text: str) -> float | None:
-    """`ps -o etime` ("[[dd-]hh:]mm:ss") in seconds; None when it is not that."""
-    match = _ELAPSED.match(text.strip())
-    if match is None:
-        return None
-    days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
-    return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
-
-
-def _ps_facts(pid: int, now: float) -> ProcessFacts | None:
-    try:
-        done = subprocess.run(
-            ["ps", "-o", "rss=,stat=,etime=", "-p", str(pid)],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    parts = done.stdout.split()
-    if done.returncode != 0 or len(parts) < 3:
-        return None
-    elapsed = parse_elapsed(parts[2])
-    return ProcessFacts(
-        rss_bytes=int(parts[0]) * 1024 if parts[0].isdigit() else None,
-        started_at=now - elapsed if elapsed is not None else None,
-        zombie=parts[1].startswith("Z"),
-    )
-
-
-def process_facts(pid: int, *, proc: Path = _PROC, now: float | None = None) -> ProcessFacts | None:
+def process_facts(pid: int) -> ProcessFacts | None:
     """RSS, start time and zombie state of `pid`; None when there is no such process."""
-    if not pid_alive(pid):
+    if pid <= 0:
         return None
-    if (proc / "self" / "stat").exists():
-        return _proc_facts(pid, proc)
-    return _ps_facts(pid, time.time() if now is None else now)
+    try:
+        process = psutil.Process(pid)
+        with process.oneshot():
+            zombie = process.status() == psutil.STATUS_ZOMBIE
+            started = process.create_time()
+            try:
+                rss: int | None = process.memory_info().rss
+            except (psutil.AccessDenied, psutil.ZombieProcess):
+                rss = None  # another user's process (macOS), or one that has exited
+    except psutil.NoSuchProcess:
+        return None
+    except psutil.AccessDenied:  # alive, but the OS tells us nothing more about it
+        return ProcessFacts(rss_bytes=None, started_at=None, zombie=False)
+    return ProcessFacts(rss_bytes=rss, started_at=started, zombie=zombie)
 
 
 Facts = Callable[[int], ProcessFacts | None]

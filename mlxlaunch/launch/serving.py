@@ -18,17 +18,16 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from rich.console import Console
 
 from mlxlaunch.engine.config import ClusterRole, EngineConfig, LogitsHook
 from mlxlaunch.engine.engine import Engine
-from mlxlaunch.engine.settings import DEFAULT_CACHE_DISK, cache_config, engine_tuning
-from mlxlaunch.errors import ConfigError
 from mlxlaunch.launch.child import terminating_like_ctrl_c
 from mlxlaunch.launch.claude_env import client_settings
 from mlxlaunch.launch.models import ChosenModel, demo_replies, resolve_name
+from mlxlaunch.launch.options import EngineOptions
 from mlxlaunch.launch.state import ClientSettings, RunKind, RunState, remove_state, write_state
 from mlxlaunch.launch.warm import warm_up_in_background
 from mlxlaunch.server.app import ServerSettings
@@ -41,58 +40,6 @@ DRAIN_S = DEFAULT_DRAIN_S
 # When the weights load: before serving starts, in the background while the user types (the
 # first request shares that load), or when the first request needs them.
 ModelLoad = Literal["now", "background", "on first request"]
-
-
-@dataclass(frozen=True)
-class EngineOptions:
-    """The engine options both commands take, as the user wrote them (None: the default)."""
-
-    context_length: int | None = None
-    max_concurrency: int | None = None
-    idle_clear: str | None = None
-    keep_alive: str | None = None
-    memory_fraction: float | None = None
-    cache_memory: str = "auto"  # prefix cache: memory budget, saved-prefix dir, disk budget
-    cache_dir: Path | None = None
-    cache_disk: str = DEFAULT_CACHE_DISK
-    tool_format: str | None = None
-    render: str = "stable"  # prompt rendering: "stable" or "exact" (EngineConfig.render)
-    speculate: str = "auto"  # speculative decoding (EngineConfig.speculate)
-    draft_model: str | None = None  # its draft model, by name (resolved when serving)
-    debug_cache: bool = False  # keep prompt text around cache misses (EngineConfig.debug_cache)
-    safeguards: bool = True  # answer Claude Code's auto-mode check (ServerSettings.safeguards)
-    kv_bits: int | None = None  # KV caches quantized to 8 or 4 bits (EngineConfig.kv_bits)
-    kv_group_size: int | None = None  # values per quantization group (EngineConfig)
-
-    def config_arguments(self) -> dict[str, Any]:
-        """EngineConfig keyword arguments for everything but the model and its logits hook.
-
-        Raises:
-            ConfigError: a keep-alive or idle-clear that is not a duration (the CLI checks its
-                own options; the user's settings file can still hold one), or `--speculate
-                draft` without a draft model.
-        """
-        if self.speculate == "draft" and not self.draft_model:
-            raise ConfigError(
-                "--speculate draft needs a draft model",
-                hint="add --draft-model M (a small model with the same tokenizer)",
-            )
-        return {
-            "context_length": self.context_length,
-            "tool_format": self.tool_format,
-            "render": self.render,
-            "speculate": self.speculate,
-            "debug_cache": self.debug_cache,
-            "kv_bits": self.kv_bits,
-            "kv_group_size": self.kv_group_size,
-            **engine_tuning(
-                max_concurrency=self.max_concurrency,
-                idle_clear=self.idle_clear,
-                keep_alive=self.keep_alive,
-                memory_fraction=self.memory_fraction,
-            ),
-            **cache_config(self.cache_memory, self.cache_dir, self.cache_disk),
-        }
 
 
 @dataclass(frozen=True)
@@ -109,6 +56,20 @@ class Serving:
     def url(self) -> str:
         """The base URL clients use, e.g. `http://127.0.0.1:8080`."""
         return self.server.url
+
+    # The face a cluster's serve shares (launch/served.py).
+    @property
+    def failure(self) -> str | None:
+        """A lost rank, in words: one process loses none."""
+        return None
+
+    def running(self) -> bool:
+        """The server still serves."""
+        return self.server.running
+
+    def stopping_note(self) -> str:
+        """What Ctrl-C prints: how long the requests in flight may still take."""
+        return stopping_note(self.server.in_flight)
 
 
 @contextlib.contextmanager
@@ -194,6 +155,17 @@ def serving(
         )
         stack.callback(remove_state, state_pid or os.getpid())
         yield served
+
+
+def stopping_note(in_flight: int) -> str:
+    """What Ctrl-C prints: how long the requests in flight may still take."""
+    if not in_flight:
+        return "stopping…"
+    requests = "1 request" if in_flight == 1 else f"{in_flight} requests"
+    return (
+        f"stopping: {requests} in flight may finish for up to {DRAIN_S:g} s, then get "
+        '"server is shutting down" (Ctrl-C again to stop now)'
+    )
 
 
 def conversations_dir(config: EngineConfig) -> Path | None:

@@ -15,13 +15,12 @@ import os
 import secrets
 import shutil
 import signal
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
 
-from mlxlaunch.cluster.hosts import Cluster
 from mlxlaunch.config import UserConfig, load_config
 from mlxlaunch.engine.config import LogitsHook
 from mlxlaunch.errors import ModelNotFound
@@ -29,8 +28,8 @@ from mlxlaunch.home import mlxlaunch_home, private_dir
 from mlxlaunch.launch.agent_bin import find_agent
 from mlxlaunch.launch.agent_target import AgentSetup, AgentTarget, agent_environment, write_setup
 from mlxlaunch.launch.child import run_child
-from mlxlaunch.launch.claude_bin import claude_version, find_claude
-from mlxlaunch.launch.claude_env import claude_model_id, client_settings
+from mlxlaunch.launch.claude_bin import claude_version
+from mlxlaunch.launch.claude_env import claude_model_id
 from mlxlaunch.launch.cluster_serve import ClusterServed
 from mlxlaunch.launch.integrations import CLAUDE, Integration
 from mlxlaunch.launch.models import (
@@ -41,47 +40,11 @@ from mlxlaunch.launch.models import (
     notice_for_test_model,
     pullable,
 )
+from mlxlaunch.launch.options import LaunchOptions
+from mlxlaunch.launch.served import Served, served
 from mlxlaunch.launch.server_log import logging_to, new_log_path, terminal_to_child
-from mlxlaunch.launch.serving import EngineOptions, Serving, serving
-from mlxlaunch.launch.state import ClientSettings
 from mlxlaunch.runstate import pid_alive
 from mlxlaunch.server.app import ServerSettings
-
-
-@dataclass
-class LaunchOptions:
-    """What `mlx launch <agent>` was asked to do (CLI options, already validated)."""
-
-    model: str | None = None  # None: the default-model setting, else the best local model
-    small_model: str | None = None  # None here and below: the user's setting, else automatic
-    port: int | None = None
-    engine: EngineOptions = field(default_factory=EngineOptions)
-    max_output_tokens: int | None = None
-    preload: bool = False
-    agent_bin: str | None = None  # the executable to run (None: looked up as usual)
-    agent_args: Sequence[str] = ()
-    extra_env: Mapping[str, str] = field(default_factory=dict)
-    verbose: bool = False
-    cluster: Cluster | None = None  # serve from several machines (launch/cluster_serve.py)
-
-
-def launch_claude(
-    options: LaunchOptions,
-    *,
-    console: Console,
-    environ: Mapping[str, str] | None = None,
-    offer_pull: Callable[[str | None], bool] | None = None,
-    logits_hook: LogitsHook | None = None,
-) -> int:
-    """Run Claude Code against a local model; returns claude's exit code."""
-    return launch_agent(
-        CLAUDE,
-        options,
-        console=console,
-        environ=environ,
-        offer_pull=offer_pull,
-        logits_hook=logits_hook,
-    )
 
 
 def launch_agent(
@@ -103,9 +66,7 @@ def launch_agent(
     script rank 0).
     """
     environ = dict(os.environ if environ is None else environ)
-    binary = (
-        find_claude(options.agent_bin) if agent is CLAUDE else find_agent(agent, options.agent_bin)
-    )
+    binary = find_agent(agent, options.agent_bin)
     if options.verbose:
         console.print(f"{agent.name}: {binary} ({claude_version(binary) or 'version unknown'})")
     config = load_config(environ)
@@ -126,29 +87,31 @@ def launch_agent(
         model_id=claude_model_id(chosen.served_id),  # what claude is told to send
     )
     max_output = options.max_output_tokens or _noise_cap(chosen)
-    if options.cluster is not None:
-        served_cm: contextlib.AbstractContextManager[Serving | ClusterServed] = _on_cluster(
-            chosen, options, options.cluster, settings, log_file, max_output, rank_command, console
+    with logging_to(log_file), contextlib.ExitStack() as stack:
+        serves: list[Served] = []  # said last, once every rank has stopped: why the agent
+        stack.callback(_say_lost, console, serves, log_file)  # saw errors
+        now = stack.enter_context(
+            served(
+                chosen,
+                options.engine,
+                settings,
+                kind="launch",
+                console=console,
+                cluster=options.cluster,
+                load="now" if options.preload else "background",
+                log_file=log_file,
+                log_level="info",
+                # The demo's greeting names the agent it serves (serving's default names none).
+                logits_hook=logits_hook or demo_replies(chosen.name, agent=agent.name),
+                small_model=options.small_model,
+                max_output_tokens=max_output,
+                rank_command=rank_command,
+            )
         )
-    else:
-        served_cm = serving(
-            chosen,
-            options.engine,
-            settings,
-            kind="launch",
-            console=console,
-            load="now" if options.preload else "background",
-            log_file=log_file,
-            log_level="info",
-            # The demo's greeting names the agent it serves (serving's default names none).
-            logits_hook=logits_hook or demo_replies(chosen.name, agent=agent.name),
-            small_model=options.small_model,
-            max_output_tokens=max_output,
-        )
-    with logging_to(log_file), served_cm as served:
-        _announce(console, served, log_file, options, agent)
+        serves.append(now)
+        _announce(console, now, log_file, options, agent)
         # The settings the state file holds, so --print-env elsewhere says the same.
-        target = AgentTarget(served.url, token, served.client, cwd=Path.cwd())
+        target = AgentTarget(now.url, token, now.client, cwd=Path.cwd())
         with agent_launch_dir(agent) as launch_dir:
             setup = agent.configure(target, launch_dir)
             prepare_launch_dir(setup, launch_dir)
@@ -162,6 +125,15 @@ def launch_agent(
             return code
 
 
+def _say_lost(console: Console, serves: list[Served], log_file: Path) -> None:
+    for now in serves:
+        if now.failure is not None:
+            console.print(
+                f"[bold red]mlx:[/] {now.failure}; every rank has stopped (server log: {log_file})",
+                highlight=False,
+            )
+
+
 def say_stopped(console: Console, agent: Integration, code: int) -> None:
     """Why the agent's session ended: `mlx stop` (or any SIGTERM) stopped this launch."""
     with contextlib.suppress(OSError):  # the terminal may be gone as well
@@ -170,68 +142,6 @@ def say_stopped(console: Console, agent: Integration, code: int) -> None:
             f"so {agent.title}'s session was ended; exit code {code}",
             highlight=False,
         )
-
-
-def _on_cluster(
-    chosen: ChosenModel,
-    options: LaunchOptions,
-    cluster: Cluster,
-    settings: ServerSettings,
-    log_file: Path,
-    max_output: int | None,
-    rank_command: tuple[str, ...] | None,
-    console: Console,
-) -> contextlib.AbstractContextManager[ClusterServed]:
-    """The ranks of a `--hosts` launch, checked up front, their output in the server log."""
-    from mlxlaunch.launch.cluster_commands import checked_parallel, engine_fields
-    from mlxlaunch.launch.cluster_rank import RankSpec
-    from mlxlaunch.launch.cluster_serve import RANK_MODULE, cluster_serving
-
-    parallel = checked_parallel(cluster, chosen.name)
-    spec = RankSpec(
-        model=chosen.name,
-        parallel=parallel,
-        kind="launch",
-        engine=engine_fields(options.engine),
-        port=settings.port,
-        auth_token=settings.auth_token,
-        model_id=settings.model_id,
-        small_model=options.small_model,
-        max_output_tokens=max_output,
-        log_file=str(log_file),
-        supervisor_pid=os.getpid(),
-    )
-    log = log_file.open("a", encoding="utf-8")
-
-    def relay(line: str) -> None:
-        log.write(line + "\n")
-        log.flush()
-
-    def client_for(window: int) -> ClientSettings:
-        model_id = settings.model_id or chosen.served_id
-        return client_settings(
-            model_id, window, small_model_id=options.small_model, max_output=max_output
-        )
-
-    @contextlib.contextmanager
-    def lifetime() -> Iterator[ClusterServed]:
-        ranks = None
-        try:
-            with cluster_serving(
-                chosen, cluster, spec, relay, client_for, rank_command=rank_command or RANK_MODULE
-            ) as served:
-                ranks = served.ranks
-                yield served
-        finally:
-            log.close()
-            if ranks is not None and ranks.failure is not None:  # the agent saw errors: why
-                console.print(
-                    f"[bold red]mlx:[/] {ranks.failure}; every rank has stopped "
-                    f"(server log: {log_file})",
-                    highlight=False,
-                )
-
-    return lifetime()
 
 
 def launch_dirs(agent: Integration, home: Path | None = None) -> Path:
@@ -308,26 +218,23 @@ def _choose(
 
 def _announce(
     console: Console,
-    served: Serving | ClusterServed,
+    now: Served,
     log_file: Path,
     options: LaunchOptions,
     agent: Integration = CLAUDE,
 ) -> None:
-    client = served.client
+    client = now.client
     console.print(
-        f"[bold]mlx[/]: serving [cyan]{served.model.name}[/] as [cyan]{client.model_id}[/] "
-        f"({client.context_window:,}-token window) at {served.url}",
+        f"[bold]mlx[/]: serving [cyan]{now.model.name}[/] as [cyan]{client.model_id}[/] "
+        f"({client.context_window:,}-token window) at {now.url}",
         highlight=False,
     )
-    if is_test_model_name(served.model.name):
+    if is_test_model_name(now.model.name):
+        console.print(f"[yellow]note:[/] {notice_for_test_model(now.model.name)}", highlight=False)
+    if isinstance(now, ClusterServed):
+        hosts = ", ".join(now.ranks.cluster.hosts)
         console.print(
-            f"[yellow]note:[/] {notice_for_test_model(served.model.name)}", highlight=False
-        )
-    if isinstance(served, ClusterServed):
-        hosts = ", ".join(served.ranks.cluster.hosts)
-        console.print(
-            f"[dim]{served.ranks.cluster.size} ranks ({served.ranks.spec.parallel} parallel): "
-            f"{hosts}[/]",
+            f"[dim]{now.ranks.cluster.size} ranks ({now.ranks.spec.parallel} parallel): {hosts}[/]",
             highlight=False,
         )
     elif not options.preload:
@@ -335,7 +242,7 @@ def _announce(
     console.print(f"[dim]server log: {log_file}[/]", highlight=False)
     console.print("[dim]watch it live from another terminal: mlx dash[/]")
     if options.verbose:
-        console.print(f"model: {served.model.path} (from {served.model.reason})", highlight=False)
+        console.print(f"model: {now.model.path} (from {now.model.reason})", highlight=False)
         compacts = (
             f", compacts at {agent.compact_at(client.context_window, client.max_output_tokens):,}"
             if agent.compact_at is not None

@@ -43,8 +43,9 @@ from huggingface_hub.utils import (
 )
 
 from mlxlaunch import __version__
-from mlxlaunch.errors import ModelLoadError, ModelNotFound, NetworkError
+from mlxlaunch.errors import ModelNotFound, NetworkError
 from mlxlaunch.store.catalog import alias_for_repo, catalog_entry
+from mlxlaunch.store.errors import NoSuchRevision, NotAHubName, NotAnMlxModel
 from mlxlaunch.store.facts import mlx_lm_model_module
 from mlxlaunch.store.hub_timeouts import HubTimeouts, hub_timeout, transport_failure
 from mlxlaunch.store.memory import MemoryFit, memory_fit
@@ -65,10 +66,6 @@ from mlxlaunch.store.verify import VerifyReport, verify_model_dir
 
 LIBRARY = "mlxlaunch"
 RETRY_BACKOFF_S = 0.5
-
-
-class NotAnMlxModel(ModelLoadError):
-    """A hub repo MLX cannot load (no safetensors, unknown architecture, no tokenizer)."""
 
 
 @dataclass(frozen=True)
@@ -124,10 +121,7 @@ def to_repo_id(name: str) -> tuple[str, str | None]:
         return entry.repo_id, entry.alias
     if is_repo_id(name):
         return name, alias_for_repo(name)
-    raise ModelNotFound(
-        f"'{name}' is neither a catalog alias nor a hub repo id (org/name)",
-        hint="see `mlx models catalog` for aliases",
-    )
+    raise NotAHubName(name)
 
 
 @contextlib.contextmanager
@@ -147,7 +141,7 @@ def hub_errors(repo_id: str, endpoint: str, timeouts: HubTimeouts) -> Iterator[N
             hint="check the spelling; private repos need HF_TOKEN",
         ) from e
     except RevisionNotFoundError as e:
-        raise ModelNotFound(f"'{repo_id}' has no such revision", hint="check --revision") from e
+        raise NoSuchRevision(repo_id) from e
     except (OfflineModeIsEnabled, LocalEntryNotFoundError) as e:
         message = f"cannot reach the hub at {endpoint} (offline)"
         raise NetworkError(message, hint=offline_hint) from e
@@ -420,10 +414,7 @@ def pull(
         NetworkError / ModelNotFound: the hub failed; a rerun resumes where this one stopped.
     """
     if plan.problems and not force:
-        raise NotAnMlxModel(
-            f"'{plan.repo_id}' is not a model MLX can load: " + "; ".join(plan.problems),
-            hint="pass --force to download it anyway",
-        )
+        raise NotAnMlxModel(plan.repo_id, plan.problems)
     cache = (cache_dir or hub_cache_dir()).expanduser().resolve()
     base = endpoint or hub_endpoint()
     storage = cache / repo_folder_name(repo_id=plan.repo_id, repo_type="model")

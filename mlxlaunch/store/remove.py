@@ -8,19 +8,14 @@ from pathlib import Path
 
 from huggingface_hub import scan_cache_dir
 
-from mlxlaunch.errors import MlxLaunchError, ModelNotFound
+from mlxlaunch.errors import ModelNotFound
+from mlxlaunch.store.errors import ModelInUse, NotLocal
 from mlxlaunch.store.inventory import LocalModel, find_local
 from mlxlaunch.store.paths import hub_cache_dir
 from mlxlaunch.store.pull import to_repo_id
 from mlxlaunch.store.registry import unregister_local
 from mlxlaunch.store.resolve import repo_folder
 from mlxlaunch.store.running import RunningServer, servers_using
-
-
-class ModelInUse(MlxLaunchError):
-    """A running server has the model loaded; removing it would pull files from under it."""
-
-    exit_code = 7
 
 
 @dataclass(frozen=True)
@@ -64,7 +59,7 @@ def plan_removal(name: str, *, cache_dir: Path | None = None, home: Path | None 
         repo_id = ""
     folder = repo_folder(repo_id, cache) if repo_id else None
     if folder is None:
-        raise ModelNotFound(f"no local model '{name}'", hint="see `mlx models list`")
+        raise NotLocal(name)
     _refuse_if_used(name, folder, home)
     return Removal(repo_id, folder, _folder_size(folder), None, cache)
 
@@ -73,10 +68,7 @@ def _refuse_if_used(name: str, target: Path, home: Path | None) -> None:
     users: list[RunningServer] = servers_using(target, home)
     if users:
         s = users[0]
-        raise ModelInUse(
-            f"'{name}' is loaded by a running server ({s.url}, pid {s.pid})",
-            hint="stop that server (or `mlx launch` session) first",
-        )
+        raise ModelInUse(name, s.url, s.pid)
 
 
 def execute_removal(removal: Removal) -> int:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from mlxlaunch.errors import ModelNotFound
 from mlxlaunch.store.catalog import alias_for_repo, catalog_entry
+from mlxlaunch.store.errors import ModelNotDownloaded, UnknownModel
 from mlxlaunch.store.inventory import shard_held, snapshot_complete
 from mlxlaunch.store.paths import hub_cache_dir
 from mlxlaunch.store.registry import local_models, mark_used
@@ -73,23 +74,16 @@ def cached_snapshot(repo_id: str, cache_dir: Path, revision: str = "main") -> Pa
     return max(snapshots, key=lambda p: p.stat().st_mtime) if snapshots else None
 
 
-def _pull_hint(name: str) -> str:
-    return f"download it first: mlx models pull {name}"
-
-
 def _from_hub(
     repo_id: str, alias: str | None, asked: str, cache_dir: Path, shard_ok: bool = False
 ) -> ResolvedModel:
     snapshot = cached_snapshot(repo_id, cache_dir)
     if snapshot is None:
-        raise ModelNotFound(f"model '{asked}' is not downloaded", hint=_pull_hint(asked))
+        raise ModelNotDownloaded(asked)
     # A shard pull (`mlx models pull --shard`) holds what this host's ranks load: enough for
     # a cluster's rank, never for serving alone.
     if not snapshot_complete(snapshot) and not (shard_ok and shard_held(snapshot)):
-        raise ModelNotFound(
-            f"model '{asked}' is only partly downloaded",
-            hint=f"finish the download: mlx models pull {asked}",
-        )
+        raise ModelNotDownloaded(asked, partly=True)
     return ResolvedModel(snapshot, repo_id, alias, "alias" if alias == asked else "repo")
 
 
@@ -105,7 +99,8 @@ def resolve_model(
         shard_ok: a shard-only pull will do (a cluster's rank loads only its shard).
 
     Raises:
-        ModelNotFound: nothing local matches; the hint names the `mlx models pull` command.
+        ModelNotFound: nothing local matches (ModelNotDownloaded: an alias or repo id that a
+            pull would bring; UnknownModel: none of those).
     """
     cache = cache_dir or hub_cache_dir()
     resolved = _resolve(name.strip(), cache, shard_ok)
@@ -131,8 +126,4 @@ def _resolve(name: str, cache: Path, shard_ok: bool = False) -> ResolvedModel:
         return _from_hub(entry.repo_id, entry.alias, name, cache, shard_ok)
     if is_repo_id(name):
         return _from_hub(name, alias_for_repo(name), name, cache, shard_ok)
-    raise ModelNotFound(
-        f"unknown model '{name}'",
-        hint="see `mlx models list` (local) and `mlx models catalog` (aliases), "
-        "or pull one: mlx models pull org/repo",
-    )
+    raise UnknownModel(name)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from mlxlaunch.errors import ConfigError
+from mlxlaunch.store.errors import BadShardSpec
 from mlxlaunch.store.facts import mlx_lm_model_module
 
 Mode = Literal["tensor", "pipeline"]
@@ -72,9 +73,9 @@ def parse_shard(text: str) -> ShardSpec:
     except ValueError:
         ranks, size = (), 0
     if not slash or size < 1 or not ranks:
-        raise ConfigError(f"--shard {text!r}: expected RANK/SIZE, e.g. 1/2 (or 0,1/3)")
+        raise BadShardSpec(text)
     if any(not 0 <= r < size for r in ranks):
-        raise ConfigError(f"--shard {text!r}: ranks run from 0 to {size - 1}")
+        raise BadShardSpec(text, size)
     return ShardSpec(ranks, size)
 
 

@@ -13,6 +13,7 @@ available" (the caller then takes the slower public path), never raises.
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
+from mlx_lm.utils import load_model
 
 # The attention function mlx-lm's model modules import by name from `mlx_lm.models.base`.
 ATTENTION = "scaled_dot_product_attention"
@@ -79,7 +81,20 @@ PRIVATE_NAMES: tuple[PrivateName, ...] = (
         "cache",
         "forward_cache: CPU attention tells a forward pass's last layer by its cache argument",
     ),
+    PrivateName(
+        "mlx_lm.utils.load_model",
+        "get_model_classes",
+        "model_classes: the cluster's shard plan builds the architecture as load_model does",
+    ),
 )
+
+
+def model_classes(config: dict[str, Any]) -> tuple[Any, Any]:
+    """(Model class, ModelArgs class) for `config`, by the lookup `load_model` itself uses (the
+    default of its `get_model_classes` parameter), so mlx-lm's renames stay its own."""
+    lookup = inspect.signature(load_model).parameters["get_model_classes"].default
+    model_class, args_class = lookup(config=config)
+    return model_class, args_class
 
 
 def mlx_lm_version() -> str:
