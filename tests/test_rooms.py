@@ -219,13 +219,6 @@ def test_find_cycle_finds_one() -> None:
 
 # --- modules: no import circles, hidden ones included ----------------------------------
 
-# Circles that other branches of issue 30 cut (the CLI's command table with the completions:
-# the serving path; the server's app with its API handlers: the server by idea). The lead
-# empties this list when they merge; a new circle is cut, never added here.
-KNOWN_CIRCLES = [
-    frozenset({"mlxlaunch.cli.main", "mlxlaunch.cli.completions", "mlxlaunch.cli.command_tree"}),
-]
-
 
 def _module_name(path: str) -> tuple[str, list[str]]:
     """The dotted module name of a file path ("mlxlaunch/store/__init__.py": mlxlaunch.store),
@@ -311,10 +304,8 @@ def test_modules_import_no_circles() -> None:
     sources = {f.relative_to(PKG.parent).as_posix(): f.read_text() for f in _product_modules()}
     graph = module_import_graph(sources)
     circles = import_circles(graph)
-    new = [_a_path_round(graph, c) for c in circles if c not in KNOWN_CIRCLES]
-    assert not new, "modules import in a circle:\n" + "\n".join(new)
-    gone = [sorted(c) for c in KNOWN_CIRCLES if c not in circles]
-    assert not gone, f"no longer circles, take them out of KNOWN_CIRCLES: {gone}"
+    found = [_a_path_round(graph, c) for c in circles]
+    assert not found, "modules import in a circle:\n" + "\n".join(found)
 
 
 def test_the_circle_rule_counts_hidden_and_named_imports() -> None:
@@ -488,9 +479,6 @@ def test_modules_stay_small() -> None:
 # `SIZE_REASON` (one idea that cannot be cut without passing its state around, say).
 EXPLAINED_MODULE_LINES = 600
 SIZE_REASON = "Why over 600 lines:"
-# A module another branch of issue 30 splits or explains (the serving path); the lead empties
-# this list when it merges.
-KNOWN_UNEXPLAINED = {"cluster/preflight.py"}
 
 
 def unexplained_size(source: str, limit: int = EXPLAINED_MODULE_LINES) -> bool:
@@ -505,8 +493,7 @@ def test_big_modules_say_why() -> None:
     unexplained = {
         f.relative_to(PKG).as_posix() for f in _product_modules() if unexplained_size(f.read_text())
     }
-    assert unexplained <= KNOWN_UNEXPLAINED, sorted(unexplained - KNOWN_UNEXPLAINED)
-    assert all((PKG / path).is_file() for path in KNOWN_UNEXPLAINED)
+    assert not unexplained, sorted(unexplained)
 
 
 def test_the_size_rule_wants_a_reason_only_over_the_limit() -> None:

@@ -38,10 +38,10 @@ class EngineOptions:
     render: str = "stable"  # prompt rendering: "stable" or "exact" (EngineConfig.render)
     speculate: str = "auto"  # speculative decoding (EngineConfig.speculate)
     draft_model: str | None = None  # its draft model, by name (resolved when serving)
-    debug_cache: bool = False  # keep prompt text around cache misses (EngineConfig.debug_cache)
-    safeguards: bool = True  # answer Claude Code's auto-mode check (ServerSettings.safeguards)
     kv_bits: int | None = None  # KV caches quantized to 8 or 4 bits (EngineConfig.kv_bits)
     kv_group_size: int | None = None  # values per quantization group (EngineConfig)
+    debug_cache: bool = False  # keep prompt text around cache misses (EngineConfig.debug_cache)
+    safeguards: bool = True  # answer Claude Code's auto-mode check (ServerSettings.safeguards)
 
     def config_arguments(self) -> dict[str, Any]:
         """EngineConfig keyword arguments for everything but the model and its logits hook.
