@@ -14,8 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from engine_helpers import Served as Served
-from engine_helpers import scripted_server
+from engine_helpers import Served, scripted_server
 
 from mlxlaunch.engine.output.parser import INCOMPLETE_KEY
 

@@ -14,8 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from engine_helpers import Served as Served
-from engine_helpers import scripted_server
+from engine_helpers import Served, scripted_server
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
 from mlxlaunch.engine.prompt.render import PromptRenderer
