@@ -235,13 +235,12 @@ def test_the_served_window_is_what_memory_holds_at_the_chosen_bits(model: Any) -
 
 
 def test_every_rank_of_a_cluster_is_told_the_kv_setting() -> None:
-    from mlxlaunch.launch.cluster_commands import engine_fields
-    from mlxlaunch.launch.cluster_rank import RankSpec, _engine_fields
-    from mlxlaunch.launch.serving import EngineOptions
+    from mlxlaunch.launch.cluster_rank import RankSpec
+    from mlxlaunch.launch.options import EngineOptions
 
     options = EngineOptions(kv_bits=4, kv_group_size=32)
-    spec = RankSpec(model="m", parallel="tensor", engine=engine_fields(options))
-    told = EngineOptions(**_engine_fields(RankSpec.decoded(spec.encoded()).engine))
+    spec = RankSpec(model="m", parallel="tensor", engine=options)
+    told = RankSpec.decoded(spec.encoded()).engine
     config = EngineConfig(model="m", **told.config_arguments())
     assert (config.kv_bits, config.kv_group_size) == (4, 32)
 
