@@ -141,7 +141,24 @@ def reused_fraction(cached_tokens: int, prompt_tokens: int) -> str:
     return f"{thousandths // 1000}.{thousandths % 1000:03d}"
 
 
-class TrailingStreamingResponse(StreamingResponse):
+class ClosingStreamingResponse(StreamingResponse):
+    """A streaming response that closes its frames' generator as soon as it is done sending.
+
+    When the client goes away, starlette stops at the failed send and leaves the generator to
+    the garbage collector; the generator's `finally` (cancel the request in the engine, log
+    499) then ran whenever a collection came, a minute later or more on a cluster's rank 0.
+    """
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            close = getattr(self.body_iterator, "aclose", None)
+            if close is not None:
+                await close()
+
+
+class TrailingStreamingResponse(ClosingStreamingResponse):
     """A streaming response that announces trailers (`Trailer:`) and sends them at the end.
 
     Trailers go out only where the ASGI server offers the `http.response.trailers` extension:
@@ -272,7 +289,7 @@ def stream_response(
         **admission_headers(generation.first),
     }
     if trailers is None:
-        return StreamingResponse(content, media_type="text/event-stream", headers=headers)
+        return ClosingStreamingResponse(content, media_type="text/event-stream", headers=headers)
     return TrailingStreamingResponse(
         content,
         media_type="text/event-stream",
