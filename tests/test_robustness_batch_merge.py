@@ -40,8 +40,9 @@ DECODED_BEFORE_MERGE = 1000  # tokens per stream before the long prompt arrives
 # ~2.1k tokens through the test tokenizer: a prefill of several paced steps.
 LONG_PROMPT_REPEATS = 300
 # The longest gap a stream may see around the merge, in normal (median) gaps: a paced prefill
-# slice is a few decode steps long. Before the fix it was ~1000x.
-MAX_GAP_IN_STEPS = 30
+# slice is a few decode steps long. Before the fix it was ~1000x; on a loaded 2-core machine a
+# paced slice has measured 32x (a preempted slice), so the bound leaves room for that.
+MAX_GAP_IN_STEPS = 60
 
 
 def gaps(times: list[float]) -> list[float]:
