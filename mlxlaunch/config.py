@@ -92,7 +92,14 @@ KEYS: dict[str, ConfigKey] = {
     k.name: k
     for k in (
         ConfigKey("default-model", "model `mlx launch` uses without --model", _text, True),
-        ConfigKey("small-model", "model for Claude Code's haiku tier (background work)", _text),
+        ConfigKey(
+            "default-small-model",
+            "small model `mlx launch claude` serves for Claude Code's haiku tier",
+            _text,
+            True,
+        ),
+        # The older name of the same setting, still read (launch/session.py).
+        ConfigKey("small-model", "older name of default-small-model", _text),
         ConfigKey("port", "port for the server, 0-65535 (default: a free one)", _port),
         ConfigKey(
             "context-length",

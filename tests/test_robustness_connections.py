@@ -127,6 +127,9 @@ class IdleEngine:
     def model_info(self) -> ModelInfo | None:
         return ModelInfo(id="idle", path="/nowhere", context_window=4096)
 
+    def model_info_for(self, model_id: str) -> ModelInfo | None:
+        return self.model_info
+
     async def submit(self, req: GenerationRequest) -> AsyncIterator[EngineEvent]:
         raise AssertionError("not used")
         yield  # pragma: no cover

@@ -52,6 +52,9 @@ class RaisingEngine:
     def model_info(self) -> ModelInfo | None:
         return ModelInfo(id="raising", path="/nowhere", context_window=4096)
 
+    def model_info_for(self, model_id: str) -> ModelInfo | None:
+        return self.model_info
+
     async def submit(self, req: GenerationRequest) -> AsyncIterator[EngineEvent]:
         for event in self.before:
             yield event

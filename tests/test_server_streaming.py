@@ -43,6 +43,9 @@ class TimedEngine:
     def model_info(self) -> ModelInfo | None:
         return ModelInfo(id="timed", path="/nowhere", context_window=1000)
 
+    def model_info_for(self, model_id: str) -> ModelInfo | None:
+        return self.model_info
+
     async def submit(self, req: GenerationRequest) -> AsyncIterator[EngineEvent]:
         finished = False
         try:

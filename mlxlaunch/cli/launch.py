@@ -24,7 +24,7 @@ from mlxlaunch.cli.cluster_options import (
 )
 from mlxlaunch.cli.consoles import stderr_console
 from mlxlaunch.cli.engine_options import ENGINE_DEFAULTS, takes_engine_options
-from mlxlaunch.cli.options import model_option
+from mlxlaunch.cli.options import MODEL_METAVAR, model_option
 from mlxlaunch.cluster.hosts import cluster_from_options
 from mlxlaunch.errors import ConfigError
 from mlxlaunch.launch.agent_bin import find_or_install_agent
@@ -178,7 +178,12 @@ def claude(
     ] = None,
     model: ModelArg = None,
     small_model: Annotated[
-        str | None, typer.Option(help="Model id for Claude Code's haiku tier (background work).")
+        str | None,
+        typer.Option(
+            metavar=MODEL_METAVAR,
+            help="A small model served beside the main one for Claude Code's haiku tier "
+            "(titles, summaries, background work); default: the default-small-model setting.",
+        ),
     ] = None,
     port: PortOption = None,
     max_output_tokens: Annotated[

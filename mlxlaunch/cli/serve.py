@@ -15,7 +15,7 @@ from mlxlaunch.cli.cluster_options import (
 )
 from mlxlaunch.cli.consoles import stderr_console
 from mlxlaunch.cli.engine_options import ENGINE_DEFAULTS, takes_engine_options
-from mlxlaunch.cli.options import model_option
+from mlxlaunch.cli.options import MODEL_METAVAR, model_option
 from mlxlaunch.cli.scheduler_options import ServeContextLengthOption
 from mlxlaunch.launch.options import EngineOptions, ServeOptions
 
@@ -43,7 +43,22 @@ _console = stderr_console()
 @takes_engine_options(replaced={"context_length": ServeContextLengthOption})
 def serve(
     ctx: typer.Context,
-    model: Annotated[str, model_option("Alias, repo id, local path, or `demo`.")],
+    model: Annotated[
+        list[str],
+        model_option(
+            "Alias, repo id, local path, or `demo`; repeat to serve several (the first is the "
+            "main model, which serves every id no other model is named by)."
+        ),
+    ],
+    small_model: Annotated[
+        str | None,
+        typer.Option(
+            "--small-model",
+            metavar=MODEL_METAVAR,
+            help="A small model served beside the main one for Claude Code's haiku tier "
+            "(titles, summaries, background work).",
+        ),
+    ] = None,
     host: Annotated[
         str, typer.Option(help="Interface to listen on (beyond loopback needs --allow-remote).")
     ] = "127.0.0.1",
@@ -89,7 +104,9 @@ def serve(
     from mlxlaunch.launch.serve import serve_model
 
     options = ServeOptions(
-        model=model,
+        model=model[0],
+        also=tuple(model[1:]),
+        small_model=small_model,
         host=host,
         port=port,
         auth_token=auth_token,

@@ -21,7 +21,7 @@ import logging
 import math
 import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from functools import partial
 from typing import Any
 
@@ -38,6 +38,7 @@ from mlxlaunch.engine.prompt.render import RenderedPrompt
 
 # How mlx-lm would split a model over ranks (the cluster checks ask it through the face).
 from mlxlaunch.engine.runtime.shard_probe import probe_shards as probe_shards
+from mlxlaunch.engine.scheduling.conductor import Conductor
 from mlxlaunch.engine.scheduling.duplicates import (
     DuplicateRegistry,
     SharedSink,
@@ -109,13 +110,17 @@ class AdmissionQueue:
 class Engine:
     """One model, one MLX worker thread, many concurrent requests."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, conductor: Conductor | None = None) -> None:
+        """`conductor`: the MLX thread this engine shares with other models' (models.py);
+        None: a thread of its own."""
         self.config = config
         self._stats = StatsBook(config.clock, keep_records=config.recent_requests)
         self._admission = AdmissionQueue(config.max_queue, config.max_queued_tokens)
         self._sweeper = IdleSweeper(config.idle_clear_s, config.keep_alive_s, config.clock)
         self._duplicates = DuplicateRegistry()
-        self._worker = Worker(config, self._stats, self._on_dequeue, self._sweeper)
+        self._worker = Worker(
+            config, self._stats, self._on_dequeue, self._sweeper, conductor=conductor
+        )
         self._lock = threading.Lock()
         self._load_future: concurrent.futures.Future[ModelInfo] | None = None
         self._started = False
@@ -177,9 +182,17 @@ class Engine:
         loaded = self._worker.loaded
         return loaded.info if loaded is not None else None
 
+    def model_info_for(self, model_id: str) -> ModelInfo | None:
+        """The facts of the model serving `model_id`: this engine serves every id."""
+        return self.model_info
+
+    def served_models(self) -> list[tuple[str | None, ModelInfo | None]]:
+        """The one model this engine serves, listed under the server's id."""
+        return [(None, self.model_info)]
+
     # --- requests -----------------------------------------------------------------------
 
-    async def submit(self, request: GenerationRequest) -> AsyncIterator[EngineEvent]:
+    async def submit(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
         """Generate for `request`: Admitted, Progress…, Text/Thinking/ToolCall events, Done.
 
         An async generator: refusals (PromptTooLong, Overloaded, InvalidRequest,

@@ -140,6 +140,11 @@ class EngineStats:
     kv_cache_bytes: int = 0  # KV held: the prefix cache's (cache.bytes) and kv_running_bytes
     kv_running_bytes: int = 0  # KV the running sequences' caches hold (prefilling, decoding)
     kv_bits: int = 16  # how the KV caches are held (16: the model's own precision)
+    # Several models (engine/models.py): this one's part, and every model's own stats.
+    role: str = "main"  # "main", "small" (Claude Code's haiku tier) or "extra"
+    listed_as: str | None = None  # the id the server lists it under (None: the server's)
+    failure: str | None = None  # why it could not be loaded (its requests go to the main one)
+    models: tuple[EngineStats, ...] = ()  # every served model, the main one first; () : one
 
 
 class StatsBook:

@@ -107,6 +107,8 @@ class ServeOptions:
     """What `mlx serve` was asked to do (CLI options, already parsed)."""
 
     model: str
+    also: Sequence[str] = ()  # more models served beside it (launch/serving.py)
+    small_model: str | None = None  # Claude Code's haiku tier, served beside it
     host: str = "127.0.0.1"
     port: int = 8080
     auth_token: str | None = None  # None: a fresh random token, unless no_auth

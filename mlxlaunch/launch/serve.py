@@ -84,6 +84,8 @@ def serve_model(
         cluster=options.cluster,
         load=load,
         logits_hook=logits_hook,
+        small_model=options.small_model,
+        also=options.also,
         rank_command=rank_command,
     ) as now:
         _announce(stdout or sys.stdout, now, token)

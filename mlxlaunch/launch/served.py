@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from rich.console import Console
 
 from mlxlaunch.cluster.hosts import Cluster
 from mlxlaunch.engine.config import LogitsHook
+from mlxlaunch.errors import ConfigError
 from mlxlaunch.launch.child import terminating_like_ctrl_c
 from mlxlaunch.launch.claude_env import client_settings
 from mlxlaunch.launch.cluster_commands import checked_parallel, describe
@@ -47,6 +48,7 @@ def served(
     log_level: str = "warning",
     logits_hook: LogitsHook | None = None,
     small_model: str | None = None,
+    also: Sequence[str] = (),
     max_output_tokens: int | None = None,
     rank_command: tuple[str, ...] | None = None,
 ) -> Iterator[Served]:
@@ -73,10 +75,13 @@ def served(
             log_level=log_level,
             logits_hook=logits_hook,
             small_model=small_model,
+            also=also,
             max_output_tokens=max_output_tokens,
         ) as here:
             yield here
         return
+    if also:
+        raise ConfigError("several models are served on one machine only (no --hosts)")
     engine_options.check_for_cluster()
     parallel = checked_parallel(cluster, model.name)
     spec = RankSpec(

@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -23,15 +24,19 @@ from typing import Literal
 from rich.console import Console
 
 from mlxlaunch.engine.config import ClusterRole, EngineConfig, LogitsHook
-from mlxlaunch.engine.engine import Engine
+from mlxlaunch.engine.models import ModelRole, ModelSet, ServedModel
+from mlxlaunch.errors import MlxLaunchError
 from mlxlaunch.launch.child import terminating_like_ctrl_c
-from mlxlaunch.launch.claude_env import client_settings
+from mlxlaunch.launch.claude_env import claude_model_id, client_settings
 from mlxlaunch.launch.models import ChosenModel, demo_replies, resolve_name
 from mlxlaunch.launch.options import EngineOptions
 from mlxlaunch.launch.state import ClientSettings, RunKind, RunState, remove_state, write_state
 from mlxlaunch.launch.warm import warm_up_in_background
+from mlxlaunch.protocol.limits import plain_model_id
 from mlxlaunch.server.app import ServerSettings
 from mlxlaunch.server.runner import DEFAULT_DRAIN_S, ServerHandle, start_server
+
+log = logging.getLogger(__name__)
 
 # How long requests still in flight when serving ends (Ctrl-C, claude exiting) may finish
 # before they are answered "server is shutting down"; the same for both commands.
@@ -47,7 +52,7 @@ class Serving:
     """A model being served: what the announcement, the state file and clients need."""
 
     model: ChosenModel
-    engine: Engine
+    engine: ModelSet  # the model, and any served beside it (--small-model, more --model)
     server: ServerHandle
     context_window: int  # tokens, as served (the loaded model's, or read from its config)
     client: ClientSettings  # what clients are told: derived from that window, once
@@ -85,6 +90,7 @@ def serving(
     log_level: str = "warning",
     logits_hook: LogitsHook | None = None,
     small_model: str | None = None,
+    also: Sequence[str] = (),
     max_output_tokens: int | None = None,
     cluster: ClusterRole | None = None,
     state_pid: int | None = None,
@@ -102,7 +108,11 @@ def serving(
         log_level: uvicorn's own log level.
         logits_hook: scripted output in place of the model's own (tests); None: the model's,
             or the demo's replies for `--model demo`.
-        small_model: the id for Claude Code's background tier (None: the served model's).
+        small_model: Claude Code's background (haiku) tier: a model loaded beside the main
+            one, which serves that tier's requests (None: the main model serves them). A
+            name that cannot be loaded is said in the log and stats, and the main model serves
+            its requests; on a cluster it is only the id Claude Code is told.
+        also: more models served beside the main one, each under its own names.
         max_output_tokens: the output budget clients are told (None: from the window).
         cluster: this process is rank 0 of a cluster (launch/cluster_rank.py); None: the
             whole model in this process.
@@ -125,8 +135,10 @@ def serving(
         draft_model=str(resolve_name(draft)) if draft else None,
         **engine_options.config_arguments(),
     )
+    main = ServedModel(config, names=_names(settings.model_id or model.served_id, model.path))
+    companions = [] if cluster is not None else _companions(small_model, also, model, config)
     with terminating_like_ctrl_c(), contextlib.ExitStack() as stack:
-        engine = Engine(config)
+        engine = ModelSet([main, *companions])
         engine.start()
         stack.callback(engine.close)
         if settings.threads_dir is None:
@@ -157,6 +169,45 @@ def serving(
         yield served
 
 
+def _names(name: str, path: Path) -> tuple[str, ...]:
+    """The ids that pick a model: what it was called, as a plain id and as Claude Code is told
+    it (launch/claude_env.py), and its directory's name."""
+    return tuple(dict.fromkeys((plain_model_id(name), claude_model_id(name), path.name)))
+
+
+def _companions(
+    small_model: str | None, also: Sequence[str], main: ChosenModel, config: EngineConfig
+) -> list[ServedModel]:
+    """The models served beside `main`: the small one, then the others, each with the main
+    model's engine settings but its own window and no draft model. A name that is the main
+    model is no second model (its requests go there anyway); one that cannot be resolved is
+    kept with its failure (the log, stats and `mlx ps` say why; the main model serves it)."""
+    wanted: list[tuple[str, ModelRole]] = [(name, "extra") for name in also]
+    if small_model:
+        wanted.insert(0, (small_model, "small"))
+    served: list[ServedModel] = []
+    seen = {main.path.resolve()}
+    for name, role in wanted:
+        own = replace(config, context_length=None, draft_model=None, speculate="auto")
+        try:
+            path = resolve_name(name)
+        except MlxLaunchError as exc:
+            why = f"{name}: {exc.message}" + (f" ({exc.hint})" if exc.hint else "")
+            log.warning("the %s model is not served: %s", role, why)
+            served.append(
+                ServedModel(replace(own, model=name), _names(name, Path(name)), role, failure=why)
+            )
+            continue
+        if path.resolve() in seen:
+            continue
+        seen.add(path.resolve())
+        hook = demo_replies(name) or config.logits_hook
+        served.append(
+            ServedModel(replace(own, model=str(path), logits_hook=hook), _names(name, path), role)
+        )
+    return served
+
+
 def stopping_note(in_flight: int) -> str:
     """What Ctrl-C prints: how long the requests in flight may still take."""
     if not in_flight:
@@ -178,7 +229,7 @@ def conversations_dir(config: EngineConfig) -> Path | None:
 
 
 def _load(
-    engine: Engine,
+    engine: ModelSet,
     model: ChosenModel,
     load: ModelLoad,
     console: Console,

@@ -180,7 +180,9 @@ def with_settings(options: LaunchOptions, config: UserConfig) -> LaunchOptions:
     engine = options.engine
     return replace(
         options,
-        small_model=options.small_model or config.get("small-model"),
+        small_model=options.small_model
+        or config.get("default-small-model")
+        or config.get("small-model"),
         port=options.port if options.port is not None else config.get("port"),
         engine=replace(
             engine,

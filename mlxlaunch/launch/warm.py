@@ -12,12 +12,12 @@ import asyncio
 import logging
 import threading
 
-from mlxlaunch.engine.engine import Engine
+from mlxlaunch.engine.models import ModelSet
 
 log = logging.getLogger(__name__)
 
 
-def warm_up_in_background(engine: Engine) -> threading.Thread:
+def warm_up_in_background(engine: ModelSet) -> threading.Thread:
     """Begin loading `engine`'s model now, without waiting; failures are logged, and the
     first request then tries the load again and reports the error itself."""
 

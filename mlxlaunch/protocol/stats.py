@@ -149,3 +149,9 @@ class StatsSnapshot(_Wire):
     counters: RequestCounters = Field(default_factory=RequestCounters)
     cache: CacheFigures = Field(default_factory=CacheFigures)
     recent: tuple[RecentRequest, ...] = ()  # oldest first
+    # Several models in one server (`--small-model`, `--model A --model B`): the figures above
+    # are the main model's; `models` has every model's own (queue, cache, rates, memory),
+    # the main model first. One model: () .
+    role: str = "main"  # "main", "small" (Claude Code's haiku tier) or "extra"
+    failure: str | None = None  # why this model could not be loaded (its requests go to main)
+    models: tuple[StatsSnapshot, ...] = ()

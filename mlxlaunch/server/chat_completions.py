@@ -347,7 +347,7 @@ class ChatCompletionsApi:
     async def _create(self, request: Request) -> Response:
         body = await parse_body(request, ChatCompletionRequest, chat_field_error)
         completion_id = new_completion_id()
-        info = self.engine.model_info
+        info = self.engine.model_info_for(body.model)
         try:
             gen = await asyncio.to_thread(
                 partial(

@@ -78,14 +78,15 @@ class MessagesApi:
         self, request: Request, body: MessagesRequest, turn: ThreadTurn | None
     ) -> Response:
         message_id = new_message_id()
-        context = await manage_context(body, self.engine, accepts_images=self._accepts_images())
+        images = self._accepts_images(body.model)
+        context = await manage_context(body, self.engine, accepts_images=images)
         # Off the event loop: a body of many messages takes seconds to map.
         gen = await asyncio.to_thread(
             partial(
                 to_generation_request,
                 context.body,
                 request_id=message_id,
-                accepts_images=self._accepts_images(),
+                accepts_images=images,
             )
         )
         if turn is not None:  # its next turn continues this conversation: keep its KV
@@ -113,7 +114,7 @@ class MessagesApi:
     async def count_tokens(self, request: Request) -> Response:
         body = await parse_body(request, CountTokensRequest)
         try:
-            images = self._accepts_images()
+            images = self._accepts_images(body.model)
             context = await manage_context(
                 body, self.engine, accepts_images=images, count_original=True
             )
@@ -128,8 +129,8 @@ class MessagesApi:
         )
         return JSONResponse(answer.model_dump())
 
-    def _accepts_images(self) -> bool:
-        info = self.engine.model_info
+    def _accepts_images(self, model_id: str) -> bool:
+        info = self.engine.model_info_for(model_id)
         return bool(info is not None and info.vision)
 
 

@@ -99,6 +99,7 @@ class EngineCollector(Collector):
             histograms = [self.ttft.family(), self.itl.family()]
         yield from _counters(snap.counters)
         yield from _gauges(snap)
+        yield from _per_model(snap.models)
         yield from histograms
 
     def _absorb(self, records: Iterable[RecentRequest]) -> None:
@@ -164,6 +165,43 @@ def _gauges(snap: StatsSnapshot) -> Iterator[Metric]:
     info = GaugeMetricFamily(f"{PREFIX}_model_info", "The model being served.", labels=["model"])
     info.add_metric([snap.model.name or ""], 1.0)
     yield info
+
+
+# Several models: each one's own figures, labelled by model and role (the unlabelled ones above
+# are the main model's). A snapshot's field → metric name and help.
+_PER_MODEL = {
+    "queue_depth": ("model_queue_depth", "Requests waiting for a batch slot, per model."),
+    "running": ("model_requests_running", "Requests being prefilled or decoded, per model."),
+    "prefill_tps": ("model_prefill_tokens_per_second", "Recent prompt speed, per model."),
+    "decode_tps": ("model_decode_tokens_per_second", "Recent generation speed, per model."),
+}
+
+
+def _per_model(models: Iterable[StatsSnapshot]) -> Iterator[Metric]:
+    models = list(models)
+    if not models:
+        return
+    labels = ["model", "role"]
+    for field, (metric, doc) in _PER_MODEL.items():
+        family = GaugeMetricFamily(f"{PREFIX}_{metric}", doc, labels=labels)
+        for each in models:
+            family.add_metric([each.model.name or "", each.role], float(getattr(each, field)))
+        yield family
+    cache = GaugeMetricFamily(
+        f"{PREFIX}_model_prefix_cache_bytes", "Prefix cache memory, per model.", labels=labels
+    )
+    generated = CounterMetricFamily(
+        f"{PREFIX}_model_generated_tokens", "Tokens generated, per model.", labels=labels
+    )
+    loaded = GaugeMetricFamily(
+        f"{PREFIX}_model_loaded", "1 while the model is loaded, per model.", labels=labels
+    )
+    for each in models:
+        key = [each.model.name or "", each.role]
+        cache.add_metric(key, float(each.cache.bytes))
+        generated.add_metric(key, float(each.counters.generated_tokens))
+        loaded.add_metric(key, 1.0 if each.model.state == "loaded" else 0.0)
+    yield from (cache, generated, loaded)
 
 
 class MetricsRoute:

@@ -1,6 +1,7 @@
 """What the server is serving: `/v1/models` (both APIs' shapes), `/health`, `/api/hello`.
 
-Any id is served by the loaded model, so any id "exists" under `/v1/models/{id}`. The ids
+Any id is served (by the model whose name it is, else the main model: engine/models.py), so
+any id "exists" under `/v1/models/{id}`; the listing names every model served. The ids
 listed are plain ones (what the user called the model, or one made from its path): an id a
 client may send back, and the unauthenticated `/health` does not reveal where the model lives.
 """
@@ -13,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from mlxlaunch.engine.types import ModelInfo
 from mlxlaunch.protocol.limits import plain_model_id
 from mlxlaunch.protocol.responses import ModelEntry, ModelList
 from mlxlaunch.server.auth import Guard
@@ -43,15 +45,19 @@ class ModelsApi:
         self.created_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
     async def models(self, request: Request) -> Response:
-        entry = self._entry(self._loaded_id())
+        entries = [
+            self._entry(name or self._loaded_id(), info)
+            for name, info in self.engine.served_models()
+        ]
         # Each API's clients expect their own shape; the rule is `speaks_openai`'s docstring.
         if speaks_openai(request.headers):
-            return JSONResponse(openai_list_body([entry]))
-        listing = ModelList(data=[entry], first_id=entry.id, last_id=entry.id)
+            return JSONResponse(openai_list_body(entries))
+        listing = ModelList(data=entries, first_id=entries[0].id, last_id=entries[-1].id)
         return JSONResponse(listing.model_dump())
 
     async def model(self, request: Request) -> Response:
-        entry = self._entry(request.path_params["model_id"])
+        model_id = request.path_params["model_id"]
+        entry = self._entry(model_id, self.engine.model_info_for(model_id))
         if speaks_openai(request.headers):
             return JSONResponse(openai_model_body(entry))
         return JSONResponse(entry.model_dump())
@@ -68,9 +74,8 @@ class ModelsApi:
             return "unloaded"
         return self.model_id or plain_model_id(info.id)
 
-    def _entry(self, model_id: str) -> ModelEntry:
+    def _entry(self, model_id: str, info: ModelInfo | None) -> ModelEntry:
         # The window lets a client such as `mlx launch claude --print-env --url` size itself.
-        info = self.engine.model_info
         window = info.context_window if info is not None else None
         return ModelEntry(
             id=model_id,

@@ -95,7 +95,7 @@ class ResponsesApi:
             history = _ITEMS.validate_python(held)
         items = [*history, *body.items]
         response_id = new_response_id()
-        info = self.engine.model_info
+        info = self.engine.model_info_for(body.model)
         gen, names = await asyncio.to_thread(
             partial(
                 to_generation_request,

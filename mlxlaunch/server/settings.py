@@ -29,6 +29,16 @@ class ServingEngine(Protocol):
     @property
     def model_info(self) -> ModelInfo | None: ...
 
+    def model_info_for(self, model_id: str) -> ModelInfo | None:
+        """The facts of the model that serves requests naming `model_id` (several models:
+        engine/models.py routes by id)."""
+        ...
+
+    def served_models(self) -> list[tuple[str | None, ModelInfo | None]]:
+        """Every model served: the id it is listed under (None: the server's own id for the
+        main model) and its facts (None before its load); the main model first."""
+        ...
+
 
 @dataclass(frozen=True)
 class ServerSettings:

@@ -116,6 +116,18 @@ def stats_snapshot(
             )
             for r in stats.recent
         ),
+        role=stats.role,
+        failure=stats.failure,
+        models=tuple(
+            stats_snapshot(
+                each,
+                now=now,
+                started_at=started_at,
+                model_id=model_id if each.role == "main" else each.listed_as,
+                excerpts=excerpts,
+            )
+            for each in stats.models
+        ),
     )
 
 

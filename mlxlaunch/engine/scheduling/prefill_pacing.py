@@ -101,14 +101,16 @@ class PrefillPacer:
         self._decode_measured_at = float("-inf")
         self._step: _Step | None = None
 
-    def plan(self, *, decoding: bool, prefilling: bool) -> int:
+    def plan(self, *, decoding: bool, prefilling: bool, urgent: bool = False) -> int:
         """The slice (prompt tokens of each prompt, 0: decode only) for the step starting now.
 
         `decoding`: some stream in the batch is past its prompt; `prefilling`: some prompt
-        still has tokens to process."""
+        still has tokens to process; `urgent`: that prompt is the main loop's turn and only
+        side streams (titles, subagents, background work) decode — the main loop first: it
+        prefills in full chunks, the side streams wait a chunk per token meanwhile."""
         now = self._clock()
         self._close_step(now)
-        paced = decoding and prefilling
+        paced = decoding and prefilling and not urgent
         if not paced:
             self._debt = 0.0
             tokens = self.max_slice

@@ -43,6 +43,7 @@ from mlxlaunch.engine.runtime.memory import (
 )
 from mlxlaunch.engine.runtime.mlx_thread import run_on_mlx_thread
 from mlxlaunch.engine.scheduling.batch import Batch, Counters, greedy, make_batch
+from mlxlaunch.engine.scheduling.conductor import Command, Conductor, drain_commands
 from mlxlaunch.engine.scheduling.job import Job, OutputStream, batched_delivery
 from mlxlaunch.engine.scheduling.lockstep import Lockstep, cluster_insert
 from mlxlaunch.engine.scheduling.prefill_pacing import PrefillPacer
@@ -65,8 +66,6 @@ from mlxlaunch.engine.types import (
     Usage,
 )
 
-Command = Callable[[], None]
-
 # Prefixes are written to disk only after this long (seconds) without requests, a step of a
 # few ms per loop (see cache/disk.py): Claude Code's next turn often arrives within a second
 # of the last answer (a quick tool call), and the batch's memory traffic should not share
@@ -87,13 +86,18 @@ class Worker:
         stats: StatsBook,
         on_dequeue: Callable[[Job], None],
         sweeper: IdleSweeper | None = None,
+        conductor: Conductor | None = None,
     ) -> None:
         self.config = config
+        # Several models: their workers share one MLX thread (conductor.py); None: its own.
+        self._conductor = conductor
         self.stats = stats
         self._sweeper = sweeper  # idle cache clear and keep-alive unload; None: never
         self._memory: MemoryBudget | None = None  # set at load
         self._on_dequeue = on_dequeue  # admission control: the job left the waiting queue
-        self._commands: queue.SimpleQueue[Command | None] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[Command | None] = (
+            conductor.commands if conductor is not None else queue.SimpleQueue()
+        )
         self._finished: threading.Event | None = None  # set when the loop has ended
         self._stopping = False
         self._post_lock = threading.Lock()
@@ -120,7 +124,10 @@ class Worker:
     def start(self) -> None:
         if self._finished is None:
             freed_memory.keep()  # each request's buffers reused, not faulted in afresh
-            self._finished = run_on_mlx_thread(self._run)
+            if self._conductor is not None:
+                self._finished = self._conductor.join(self)
+            else:
+                self._finished = run_on_mlx_thread(self._run)
 
     def post(self, command: Command) -> None:
         """Run `command` on the worker thread between two steps."""
@@ -232,31 +239,65 @@ class Worker:
 
     def _run(self) -> None:
         while not self._stopping:
-            idle = not self._running and not self._waiting
-            if not idle:
-                self._idle_since = None
-            elif self._idle_since is None:
-                self._idle_since = self.config.clock()
-                self._end_measure()  # count the last window before waiting for work
-            if idle and self._idle_for() >= SAVE_AFTER_IDLE_S and self._caches.saves_pending:
-                if self._lockstep is not None:  # each rank writes its own shard's entries
-                    self._cluster_call(lambda: self._lockstep.save(True))  # type: ignore[union-attr]
-                self._caches.save(one_step=True)
-            self._drain(block=idle)
+            idle = self.settle()
+            drain_commands(self._commands, self.wait_timeout() if idle else 0.0)
             if self._stopping:
                 break
-            if idle and self._lockstep is not None and not self._lockstep.beat_due():
-                self._cluster_call(self._lockstep.beat)
-            if idle and not self._running and not self._waiting:
-                self._sweep()
-            with batched_delivery():  # one wake-up of each event loop per step
-                self._start_waiting()
-                if self._running:
-                    self._step()
-                else:
-                    self._pacer.pause()
-            self._poll_memory()
-        self._drain(block=False)  # commands posted before stop(): they see `_stopping`
+            self.turn(idle)
+        self.wind_down()
+
+    # --- worker thread: one turn of the loop (a Conductor runs several workers' turns) ----
+
+    @property
+    def stopping(self) -> bool:
+        """The loop should end (stop() was called, or the cluster is lost)."""
+        return self._stopping
+
+    def settle(self) -> bool:
+        """Before waiting for commands: note an idle spell, write due prefixes; whether the
+        worker is idle (nothing running or queued)."""
+        idle = not self._running and not self._waiting
+        if not idle:
+            self._idle_since = None
+        elif self._idle_since is None:
+            self._idle_since = self.config.clock()
+            self._end_measure()  # count the last window before waiting for work
+        if idle and self._idle_for() >= SAVE_AFTER_IDLE_S and self._caches.saves_pending:
+            if self._lockstep is not None:  # each rank writes its own shard's entries
+                self._cluster_call(lambda: self._lockstep.save(True))  # type: ignore[union-attr]
+            self._caches.save(one_step=True)
+        return idle
+
+    def wait_timeout(self) -> float | None:
+        """How long an idle worker may wait for a command (None: until one comes): it wakes
+        now and then so the sweeper can act on time, and when its prefix saves fall due."""
+        timeout = self.config.sweep_poll_s if self._sweeper is not None else None
+        if self._caches.saves_pending:
+            wait = SAVE_AFTER_IDLE_S - self._idle_for()
+            due = wait + 0.01 if wait > 0 else 0.0  # under way: only look for commands
+            timeout = due if timeout is None else min(timeout, due)
+        if self._lockstep is not None:  # the idle beat (engine/cluster/leader.py)
+            beat = self._lockstep.beat_due() + 0.01
+            timeout = beat if timeout is None else min(timeout, beat)
+        return timeout
+
+    def turn(self, idle: bool) -> None:
+        """After the commands: the idle chores, or one step of the batch."""
+        if idle and self._lockstep is not None and not self._lockstep.beat_due():
+            self._cluster_call(self._lockstep.beat)
+        if idle and not self._running and not self._waiting:
+            self._sweep()
+        with batched_delivery():  # one wake-up of each event loop per step
+            self._start_waiting()
+            if self._running:
+                self._step()
+            else:
+                self._pacer.pause()
+        self._poll_memory()
+
+    def wind_down(self) -> None:
+        """The loop has ended: fail what is left, save prefixes, release the model."""
+        drain_commands(self._commands, 0.0)  # commands posted before stop(): see `_stopping`
         self._abandon_all(EngineUnavailable("the engine is shutting down"))
         self._caches.save(one_step=False)
         self._close_generator()
@@ -264,42 +305,23 @@ class Worker:
             self._lockstep.stop()
         self.loaded = None
 
+    @property
+    def urgent(self) -> bool:
+        """An interactive main-loop request is prefilling: the user waits on its first token
+        (a Conductor steps other models' workers less often meanwhile)."""
+        return any(
+            job.request.kind == "main" and job.last_progress < job.prompt_tokens
+            for job in self._running.values()
+        ) or any(job.request.kind == "main" for job in self._waiting)
+
     def _idle_for(self) -> float:
         since = self._idle_since
         return 0.0 if since is None else self.config.clock() - since
 
-    def _drain(self, block: bool) -> None:
-        # An idle worker wakes now and then so the sweeper can act on time, and when its
-        # pending prefix saves fall due.
-        timeout = self.config.sweep_poll_s if self._sweeper is not None else None
-        if block and self._caches.saves_pending:
-            wait = SAVE_AFTER_IDLE_S - self._idle_for()
-            due = wait + 0.01 if wait > 0 else 0.0  # under way: only look for commands
-            timeout = due if timeout is None else min(timeout, due)
-        if block and self._lockstep is not None:  # the idle beat (engine/cluster/leader.py)
-            beat = self._lockstep.beat_due() + 0.01
-            timeout = beat if timeout is None else min(timeout, beat)
-        try:
-            command = self._commands.get(timeout=timeout) if block else self._commands.get_nowait()
-            while True:
-                if command is not None:
-                    self._run_command(command)
-                command = self._commands.get_nowait()
-        except queue.Empty:
-            return
-
-    def _run_command(self, command: Command) -> None:
-        try:
-            command()
-        except Exception:  # a broken command must not take the worker down with it
-            import logging
-
-            logging.getLogger(__name__).exception("engine command failed")
-
     def _start_waiting(self) -> None:
         """Move queued jobs into the batch while there are free slots."""
         while self._waiting and len(self._running) < self.config.max_concurrency:
-            job = self._waiting.popleft()
+            job = self._next_waiting()
             self._leave_queue(job)
             try:
                 self._insert(job)
@@ -308,6 +330,14 @@ class Worker:
                 if job.shared:  # the other ranks took it: they and rank 0 now differ
                     self._lose_cluster(exc)
                     return
+
+    def _next_waiting(self) -> Job:
+        """The main loop first: the oldest waiting main-loop request, else the oldest one."""
+        for job in self._waiting:
+            if job.request.kind == "main":
+                self._waiting.remove(job)
+                return job
+        return self._waiting.popleft()
 
     def _insert(self, job: Job) -> None:
         loaded = self._require_loaded()
@@ -351,8 +381,16 @@ class Worker:
     def _step(self) -> None:
         generator = self._batch_generator()
         self._measure(generator)
-        prefilling = [job.last_progress < job.prompt_tokens for job in self._running.values()]
-        slice_tokens = self._pacer.plan(decoding=not all(prefilling), prefilling=any(prefilling))
+        jobs = self._running.values()
+        prefilling = [job.last_progress < job.prompt_tokens for job in jobs]
+        main = [job.request.kind == "main" for job in jobs]
+        slice_tokens = self._pacer.plan(
+            decoding=not all(prefilling),
+            prefilling=any(prefilling),
+            # A main-loop prompt prefilling while no main-loop stream decodes: it goes first.
+            urgent=any(p and m for p, m in zip(prefilling, main, strict=True))
+            and not any(m and not p for p, m in zip(prefilling, main, strict=True)),
+        )
         try:  # the step's forward passes included (batch.py)
             if self._lockstep is not None:
                 self._lockstep.step(slice_tokens)
