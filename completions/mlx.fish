@@ -76,7 +76,7 @@ function __mlx_node --argument-names path what
             test $what = valued; and printf '%s\n' 
         case 'serve'
             test $what = children; and printf '%s\n' 
-            test $what = valued; and printf '%s\n' --model -m --host --port --auth-token --context-length --max-concurrency --idle-clear --keep-alive --memory-fraction --cache-memory --cache-dir --cache-disk --tool-format --render --speculate --draft-model --kv-bits --kv-group-size --hosts --hostfile --backend --parallel --allow-origin
+            test $what = valued; and printf '%s\n' --model -m --small-model --host --port --auth-token --context-length --max-concurrency --idle-clear --keep-alive --memory-fraction --cache-memory --cache-dir --cache-disk --tool-format --render --speculate --draft-model --kv-bits --kv-group-size --hosts --hostfile --backend --parallel --allow-origin
         case 'stop'
             test $what = children; and printf '%s\n' 
             test $what = valued; and printf '%s\n' --timeout
@@ -181,7 +181,7 @@ complete -c mlx -n "__mlx_at 'launch'" -a opencode -d 'Run opencode against a lo
 complete -c mlx -n "__mlx_at 'launch'" -l debug -d 'Show tracebacks and debug logs.'
 complete -c mlx -n "__mlx_at 'launch'" -s h -l help -d 'Show help.'
 complete -c mlx -n "__mlx_at 'launch claude'" -l model -s m -x -a '(__mlx_model_names)' -d 'Alias, repo id, local path, or demo.'
-complete -c mlx -n "__mlx_at 'launch claude'" -l small-model -x -d 'Model id for Claude Codes haiku tier (background work).'
+complete -c mlx -n "__mlx_at 'launch claude'" -l small-model -x -a '(__mlx_model_names)' -d 'A small model served beside the main one for Claude Codes haiku tier ('
 complete -c mlx -n "__mlx_at 'launch claude'" -l port -x -d 'Port to serve on (default: a free one).'
 complete -c mlx -n "__mlx_at 'launch claude'" -l max-output-tokens -x -d 'Claude Codes output budget (default: window/4, less under 52k).'
 complete -c mlx -n "__mlx_at 'launch claude'" -l context-length -x -d 'Context window to serve, in tokens (at least 16384; default: the model'
@@ -328,7 +328,8 @@ complete -c mlx -n "__mlx_at 'models rm'" -s h -l help -d 'Show help.'
 complete -c mlx -n "__mlx_at 'ps'" -l json -d 'Print one JSON document for scripts.'
 complete -c mlx -n "__mlx_at 'ps'" -l debug -d 'Show tracebacks and debug logs.'
 complete -c mlx -n "__mlx_at 'ps'" -s h -l help -d 'Show help.'
-complete -c mlx -n "__mlx_at 'serve'" -l model -s m -x -a '(__mlx_model_names)' -d 'Alias, repo id, local path, or demo.'
+complete -c mlx -n "__mlx_at 'serve'" -l model -s m -x -a '(__mlx_model_names)' -d 'Alias, repo id, local path, or demo; repeat to serve several (the firs'
+complete -c mlx -n "__mlx_at 'serve'" -l small-model -x -a '(__mlx_model_names)' -d 'A small model served beside the main one for Claude Codes haiku tier ('
 complete -c mlx -n "__mlx_at 'serve'" -l host -x -d 'Interface to listen on (beyond loopback needs --allow-remote).'
 complete -c mlx -n "__mlx_at 'serve'" -l port -x -d 'Port (0: any free one).'
 complete -c mlx -n "__mlx_at 'serve'" -l auth-token -x -d 'Token clients must send (Bearer or x-api-key). Default: a random one.'

@@ -116,7 +116,7 @@ def test_value_kinds_are_read_from_the_commands() -> None:
     """Fails loudly if typer changes how a parameter's type is described (command_tree.py)."""
     nodes = {" ".join(n.path): n for n in command_tree(root_command()).walk()}
     serve = nodes["serve"]
-    assert {"--model", "-m", "--draft-model"} == set(serve.flags_taking("model"))
+    assert {"--model", "-m", "--draft-model", "--small-model"} == set(serve.flags_taking("model"))
     assert "--cache-dir" in serve.flags_taking("path")
     assert "--port" in serve.flags_taking("text")
     flags = [o.flags for o in serve.options if o.value is None]

@@ -123,6 +123,9 @@ RECORDED: dict[str, Any] = {
             )
         )
     ],
+    "role": "main",
+    "failure": None,
+    "models": [],
 }
 
 

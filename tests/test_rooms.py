@@ -39,8 +39,10 @@ FORBIDDEN_LIBS = {
 
 # The engine's face: the only engine modules other rooms import. `engine.py` wires the
 # sub-rooms together; the others are the vocabulary every sub-room shares, and import none.
-ENGINE_FACE = {"engine", "types", "config", "settings", "stats", "tool_ids"}
-ENGINE_VOCABULARY = ENGINE_FACE - {"engine"}
+# `models.py` serves several engines behind the same face, so it wires too.
+ENGINE_FACE = {"engine", "models", "types", "config", "settings", "stats", "tool_ids"}
+ENGINE_WIRING = {"engine", "models"}
+ENGINE_VOCABULARY = ENGINE_FACE - ENGINE_WIRING
 
 # engine sub-room -> sub-rooms it may import (each may import the vocabulary; none imports
 # engine.py). Only scheduling/ and the face wire sub-rooms together; runtime/ sits at the bottom.
@@ -184,14 +186,14 @@ def _engine_import_problem(unit: str | None, target: str) -> str | None:
         name = target.removeprefix("face:")
         if name not in ENGINE_FACE:
             return f"imports engine.{name}, which is neither the face nor a sub-room"
-        if name == "engine" and unit != "face:engine":
-            return "imports the face's wiring (engine.py)"
+        if name in ENGINE_WIRING and unit not in {f"face:{w}" for w in ENGINE_WIRING}:
+            return f"imports the face's wiring ({name}.py)"
         return None
     if unit in ENGINE_ALLOWED:
         return None if target in ENGINE_ALLOWED[unit] else f"engine/{unit} imports engine/{target}"
     if unit is not None and unit.removeprefix("face:") in ENGINE_VOCABULARY:
         return f"the face's {unit.removeprefix('face:')}.py imports engine/{target}"
-    return None  # engine.py wires any sub-room
+    return None  # engine.py and models.py wire any sub-room
 
 
 def test_engine_sub_rooms_depend_one_way() -> None:

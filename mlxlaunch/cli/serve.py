@@ -32,6 +32,8 @@ Examples:
 
   mlx serve --model ./my-mlx-model --context-length 32768
 
+  mlx serve --model qwen3-coder-30b --small-model qwen3-4b
+
   mlx serve --model demo --host 0.0.0.0 --allow-remote
 
   mlx serve --model qwen-coder-7b --hosts 127.0.0.1,10.0.0.2

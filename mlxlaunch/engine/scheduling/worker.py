@@ -42,7 +42,7 @@ from mlxlaunch.engine.runtime.memory import (
     window_that_fits,
 )
 from mlxlaunch.engine.runtime.mlx_thread import run_on_mlx_thread
-from mlxlaunch.engine.scheduling.batch import Batch, Counters, greedy, make_batch
+from mlxlaunch.engine.scheduling.batch import Batch, greedy, make_batch
 from mlxlaunch.engine.scheduling.conductor import Command, Conductor, drain_commands
 from mlxlaunch.engine.scheduling.job import Job, OutputStream, batched_delivery
 from mlxlaunch.engine.scheduling.lockstep import Lockstep, cluster_insert
@@ -50,6 +50,7 @@ from mlxlaunch.engine.scheduling.prefill_pacing import PrefillPacer
 from mlxlaunch.engine.scheduling.prompt_caches import PromptCaches
 from mlxlaunch.engine.scheduling.retention import adopt_reply
 from mlxlaunch.engine.scheduling.speculation import OFF, plan_speculation
+from mlxlaunch.engine.scheduling.speed_window import SpeedWindow
 from mlxlaunch.engine.scheduling.sweeper import IdleSweeper
 from mlxlaunch.engine.scheduling.warmup import RESTORED_WARMUP_TOKENS, warm_up_loaded
 from mlxlaunch.engine.stats import StatsBook
@@ -73,8 +74,6 @@ from mlxlaunch.engine.types import (
 SAVE_AFTER_IDLE_S = 1.0
 # How often (seconds) the worker refreshes the memory figures in stats.
 MEMORY_POLL_S = 1.0
-# Length (seconds) of one window over which the batch's speed counters are read.
-MEASURE_WINDOW_S = 0.5
 
 
 class Worker:
@@ -116,8 +115,7 @@ class Worker:
         self._pacer = PrefillPacer(config.prefill_chunk)
         self._memory_polled_at = float("-inf")
         self._idle_since: float | None = None  # when the batch and queue last became empty
-        # (batch, its counters at the window's start, window start)
-        self._window: tuple[Batch, Counters, float] | None = None
+        self._speeds = SpeedWindow(stats, config.clock)
 
     # --- any thread ---------------------------------------------------------------------
 
@@ -261,7 +259,7 @@ class Worker:
             self._idle_since = None
         elif self._idle_since is None:
             self._idle_since = self.config.clock()
-            self._end_measure()  # count the last window before waiting for work
+            self._speeds.end()  # count the last window before waiting for work
         if idle and self._idle_for() >= SAVE_AFTER_IDLE_S and self._caches.saves_pending:
             if self._lockstep is not None:  # each rank writes its own shard's entries
                 self._cluster_call(lambda: self._lockstep.save(True))  # type: ignore[union-attr]
@@ -380,7 +378,7 @@ class Worker:
 
     def _step(self) -> None:
         generator = self._batch_generator()
-        self._measure(generator)
+        self._speeds.measure(generator)
         jobs = self._running.values()
         prefilling = [job.last_progress < job.prompt_tokens for job in jobs]
         main = [job.request.kind == "main" for job in jobs]
@@ -636,35 +634,8 @@ class Worker:
             self._generator = make_batch(loaded, self.config, sampler, self.speculation)
         return self._generator
 
-    def _measure(self, generator: Batch) -> None:
-        """Feed the recent-speed figures from the batch's own counters, one window over many
-        steps."""
-        now = self.config.clock()
-        window = self._window
-        if window is not None and window[0] is generator and now - window[2] < MEASURE_WINDOW_S:
-            return
-        self._end_measure()
-        self._window = (generator, replace(generator.counters), now)
-
-    def _end_measure(self) -> None:
-        if self._window is None:
-            return
-        generator, start, _ = self._window
-        self._window = None
-        now = generator.counters
-        self.stats.step(
-            now.prompt_tokens - start.prompt_tokens,
-            now.prompt_time - start.prompt_time,
-            now.generation_tokens - start.generation_tokens,
-            now.decode_time - start.decode_time,
-        )
-        self.stats.count(
-            drafted_tokens=now.drafted_tokens - start.drafted_tokens,
-            accepted_tokens=now.accepted_tokens - start.accepted_tokens,
-        )
-
     def _close_generator(self) -> None:
-        self._end_measure()
+        self._speeds.end()
         if self._generator is not None:
             self._generator.close()
             self._generator = None
