@@ -10,9 +10,15 @@ from rich.text import Text
 
 from mlxlaunch.cli.main import main
 from mlxlaunch.dash.feed import ServerAddress, ServerUnreachable, StatsFeed
-from mlxlaunch.dash.panels import miss_text, requests_card, short_id, short_model
+from mlxlaunch.dash.panels import miss_text, model_card, requests_card, short_id, short_model
 from mlxlaunch.dash.snapshot import human_bytes, human_duration
-from mlxlaunch.protocol.stats import CacheMiss, MissDigests, MissExcerpts, StatsSnapshot
+from mlxlaunch.protocol.stats import (
+    CacheMiss,
+    MissDigests,
+    MissExcerpts,
+    ModelStatus,
+    StatsSnapshot,
+)
 
 
 def test_snapshot_parsing_ignores_unknown_fields_and_reads_missing_ones_as_zero() -> None:
@@ -45,6 +51,25 @@ def test_formatting_helpers() -> None:
     shared = miss.model_copy(update={"excerpts": MissExcerpts(cached="[b]fix", request="find")})
     shown = Text.from_markup(miss_text(shared)).plain  # markup in a prompt shows as typed
     assert "'[b]fix'" in shown and "'find'" in shown and "does not share" not in shown
+
+
+def test_models_served_beside_the_main_one_show_in_the_model_card() -> None:
+    main = StatsSnapshot(model=ModelStatus(name="qwen3-coder-30b", state="loaded"))
+    small = StatsSnapshot(
+        model=ModelStatus(name="qwen3-4b", state="loaded"),
+        role="small",
+        running=1,
+        queue_depth=2,
+        decode_tps=84.4,
+    )
+    broken = StatsSnapshot(model=ModelStatus(name="nope"), role="extra", failure="not found")
+    card = Text.from_markup(model_card(main.model_copy(update={"models": (main, small, broken)})))
+    lines = card.plain.splitlines()
+    assert any(
+        line.split() == ["haiku", "qwen3-4b", "loaded", "1+2", "84", "tok/s"] for line in lines
+    )
+    assert any(line.split() == ["extra", "nope", "failed"] for line in lines)
+    assert "haiku" not in model_card(main)  # one model: the card as before
 
 
 def _feed(handler: httpx.MockTransport) -> StatsFeed:

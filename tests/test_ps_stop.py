@@ -32,7 +32,7 @@ from mlxlaunch.launch.processes import (
     stop_server,
 )
 from mlxlaunch.launch.state import RunState, state_path, write_state
-from mlxlaunch.protocol.stats import StatsSnapshot
+from mlxlaunch.protocol.stats import ModelStatus, StatsSnapshot
 
 
 def _state(pid: int, model: str = "demo", **changes: object) -> RunState:
@@ -192,6 +192,27 @@ def test_rows_fit_80_columns_and_carry_no_token() -> None:
     assert "secret-token" not in json.dumps(rows_json(rows))
     narrow = _render(rows, 50)  # too narrow for the table: a block per server
     assert max(len(line) for line in narrow) <= 50 and "4242424" in "\n".join(narrow)
+
+
+def test_a_model_served_beside_the_main_one_shows_with_its_role_and_failure() -> None:
+    state = _state(4242, "qwen3-coder-30b", kind="launch", started_at=time.time() - 60)
+    main = StatsSnapshot(model=ModelStatus(name="qwen3-coder-30b", state="loaded"))
+    small = StatsSnapshot(model=ModelStatus(name="qwen3-4b", state="loaded"), role="small")
+    broken = StatsSnapshot(model=ModelStatus(name="nope"), role="extra", failure="not downloaded")
+    snapshot = StatsSnapshot(running=1, models=(main, small, broken))
+    rows = server_rows([state], facts=lambda pid: None, stats=lambda s: snapshot)
+    text = "\n".join(_render(rows, 120))
+    assert "qwen3-coder-30b + qwen3-4b (haiku) + nope (extra: failed)" in text
+    blocks = "\n".join(_render(rows, 40))  # the block layout says why it failed
+    assert "not downloaded" in blocks
+    assert rows_json(rows)[0]["also"][0] == {
+        "name": "qwen3-4b",
+        "role": "small",
+        "state": "loaded",
+        "failure": None,
+    }
+    alone = server_rows([state], facts=lambda pid: None, stats=lambda s: main)
+    assert rows_json(alone)[0]["also"] == ()
 
 
 # --- real servers ----------------------------------------------------------------------------

@@ -45,7 +45,8 @@ STATS_TIMEOUT_S = 0.5
 
 PS_HELP = """List the mlx servers running on this machine (`mlx serve`, `mlx launch`).
 
-For each: pid, kind, model, address, resident memory, requests the server is working on \
+For each: pid, kind, model (and any served beside it, e.g. a small model for Claude Code's \
+haiku tier), address, resident memory, requests the server is working on \
 (running+queued, when it answers within half a second) and uptime. Records left by servers \
 that are gone are removed.
 
@@ -95,6 +96,39 @@ class ServerRow:
     requests_running: int | None
     requests_queued: int | None
     log_file: str
+    # Several models in one server: each one after the main model, with its role and state.
+    also: tuple[ServedAlso, ...] = ()
+
+
+@dataclass(frozen=True)
+class ServedAlso:
+    """A model served beside the main one (`--small-model`, more `--model`)."""
+
+    name: str
+    role: str  # "small" (Claude Code's haiku tier) or "extra"
+    state: str  # "loaded", "loading", "unloaded" (keep-alive) or "failed"
+    failure: str | None = None  # why it could not be loaded
+
+    @property
+    def label(self) -> str:
+        """How the model column names it, e.g. `qwen3-4b (haiku)`."""
+        role = "haiku" if self.role == "small" else self.role
+        note = "failed" if self.failure else ("" if self.state == "loaded" else self.state)
+        return f"{self.name} ({role}{': ' + note if note else ''})"
+
+
+def _also(snapshot: StatsSnapshot | None) -> tuple[ServedAlso, ...]:
+    if snapshot is None:
+        return ()
+    return tuple(
+        ServedAlso(
+            name=m.model.name or "?",
+            role=m.role,
+            state="failed" if m.failure else m.model.state,
+            failure=m.failure,
+        )
+        for m in snapshot.models[1:]
+    )
 
 
 def fetch_stats(state: RunState, timeout: float = STATS_TIMEOUT_S) -> StatsSnapshot | None:
@@ -142,6 +176,7 @@ def server_rows(
                 requests_running=snapshot.running if snapshot else None,
                 requests_queued=snapshot.queue_depth if snapshot else None,
                 log_file=state.log_file,
+                also=_also(snapshot),
             )
         )
     return rows
@@ -174,15 +209,21 @@ def _address(url: str) -> str:
     return url.removeprefix("http://")
 
 
+def _model(row: ServerRow) -> str:
+    return " + ".join([model_label(row.model), *(m.label for m in row.also)])
+
+
 def _cells(row: ServerRow) -> list[str]:
-    model, up = model_label(row.model), human_duration(row.uptime_s)
+    model, up = _model(row), human_duration(row.uptime_s)
     return [str(row.pid), row.kind, model, _address(row.url), _memory(row), _requests(row), up]
 
 
 def _record(row: ServerRow) -> Record:
     heading = Text(f"{row.pid} ", style="bold")
-    heading.append(f"{row.kind} {model_label(row.model)}")
+    heading.append(f"{row.kind} {_model(row)}")
+    failures = tuple((f"{m.name}", m.failure) for m in row.also if m.failure)
     fields = (
+        *failures,
         ("url", row.url),
         ("memory", _memory(row)),
         ("requests", _requests(row)),

@@ -40,7 +40,8 @@ def requests_card(s: StatsSnapshot) -> str:
 
 
 def model_card(s: StatsSnapshot) -> str:
-    """The model, its load state and memory."""
+    """The model, its load state and memory; then each model served beside it, with its own
+    state, queue and rates (the figures above are the main model's)."""
     return "\n".join(
         [
             _line("model", escape(short_model(s.model.name))),
@@ -49,7 +50,20 @@ def model_card(s: StatsSnapshot) -> str:
             _line("mlx cache", human_bytes(s.memory.cache_bytes)),
             _line(f"kv {s.memory.kv_bits}-bit", human_bytes(s.memory.kv_cache_bytes)),
             _line("uptime", human_duration(s.uptime_s)),
+            *(_beside(m) for m in s.models[1:]),
         ]
+    )
+
+
+def _beside(m: StatsSnapshot) -> str:
+    """One line for a model served beside the main one, e.g. `haiku  qwen3-4b loaded 1+0
+    84 tok/s` (running+queued, decode speed), or why it is not served."""
+    role = "haiku" if m.role == "small" else m.role
+    name = escape(short_model(m.model.name, width=16))
+    if m.failure:
+        return _line(role, f"{name} [red]failed[/red]")
+    return _line(
+        role, f"{name} {m.model.state} {m.running}+{m.queue_depth} {m.decode_tps:,.0f} tok/s"
     )
 
 
