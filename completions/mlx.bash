@@ -26,7 +26,7 @@ _mlx_node() {
         "models info") children="" flags="--json --debug -h --help" models="" paths="" texts="" arg="model" ;;
         "models list") children="" flags="--json --names --debug -h --help" models="" paths="" texts="" arg="" ;;
         "models pull") children="" flags="--force --debug -h --help" models="" paths="--hostfile" texts="--revision --shard --hosts --parallel --python" arg="model" ;;
-        "models recommend") children="" flags="--json --debug -h --help" models="" paths="" texts="--memory --kind --compute" arg="" ;;
+        "models recommend") children="" flags="--small --json --debug -h --help" models="" paths="" texts="--memory --kind --compute --beside" arg="" ;;
         "models rm") children="" flags="--yes -y --debug -h --help" models="" paths="" texts="" arg="model" ;;
         "ps") children="" flags="--json --debug -h --help" models="" paths="" texts="" arg="" ;;
         "serve") children="" flags="--debug-cache --safeguards --no-safeguards --preload --no-preload --allow-remote --no-auth --debug -h --help" models="--model -m --small-model --draft-model" paths="--cache-dir --hostfile" texts="--host --port --auth-token --context-length --max-concurrency --idle-clear --keep-alive --memory-fraction --cache-memory --cache-disk --tool-format --render --speculate --kv-bits --kv-group-size --hosts --backend --parallel --allow-origin" arg="" ;;

@@ -67,7 +67,7 @@ function __mlx_node --argument-names path what
             test $what = valued; and printf '%s\n' --revision --shard --hosts --hostfile --parallel --python
         case 'models recommend'
             test $what = children; and printf '%s\n' 
-            test $what = valued; and printf '%s\n' --memory --kind --compute
+            test $what = valued; and printf '%s\n' --memory --kind --compute --beside
         case 'models rm'
             test $what = children; and printf '%s\n' 
             test $what = valued; and printf '%s\n' 
@@ -318,6 +318,8 @@ complete -c mlx -n "__mlx_at 'models pull'" -s h -l help -d 'Show help.'
 complete -c mlx -n "__mlx_at 'models recommend'" -l memory -x -d 'Judge for this machine with this many GiB (default: its own).'
 complete -c mlx -n "__mlx_at 'models recommend'" -l kind -x -d 'coder or general.'
 complete -c mlx -n "__mlx_at 'models recommend'" -l compute -x -d 'Judge for metal, cuda or cpu (default: what MLX uses here).'
+complete -c mlx -n "__mlx_at 'models recommend'" -l small -d 'A small model for Claude Codes haiku tier that fits beside the main on'
+complete -c mlx -n "__mlx_at 'models recommend'" -l beside -x -d 'With --small: the main model (default: the one recommended).'
 complete -c mlx -n "__mlx_at 'models recommend'" -l json -d 'Print one JSON document for scripts.'
 complete -c mlx -n "__mlx_at 'models recommend'" -l debug -d 'Show tracebacks and debug logs.'
 complete -c mlx -n "__mlx_at 'models recommend'" -s h -l help -d 'Show help.'

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_doctor import HEALTHY
 
-from mlxlaunch.cli.models import recommendation_json
+from mlxlaunch.cli.model_views import recommendation_json
 from mlxlaunch.launch.doctor import ModelFact, run_checks
 from mlxlaunch.store.catalog import catalog_entry
 from mlxlaunch.store.compute import Compute

@@ -87,3 +87,57 @@ def _cpu(machine: str) -> Compute:
     cores = re.search(r"(\d+)-core", machine)
     assert cores is not None, machine
     return Compute("cpu", int(cores.group(1)))
+
+
+# --- the small model beside the main one (Claude Code's haiku tier) -----------------------
+
+
+def test_the_small_model_fits_beside_the_main_one_and_shares_its_family() -> None:
+    from mlxlaunch.store.catalog import SMALL_MODEL_MAX_BYTES, small_recommendation
+
+    metal = Compute("metal", 10)
+    for alias in ("qwen3-coder-30b", "qwen-coder-14b", "qwen3-8b"):
+        main = catalog_entry(alias)
+        assert main is not None
+        found = small_recommendation(main, 64 * GIB, compute=metal)
+        assert found is not None
+        small = found.entry
+        assert small.size_bytes <= SMALL_MODEL_MAX_BYTES and small.size_bytes < main.size_bytes
+        assert small.family == main.family  # one tokenizer: it can draft for the main one too
+        both = memory_fit(main.size_bytes + small.size_bytes, 64 * GIB)
+        assert found.fit == both and both.fits
+    # Both are counted: a machine that holds the 30B alone holds no second model beside it.
+    main = catalog_entry("qwen3-coder-30b")
+    assert main is not None
+    holds_alone = next(m * GIB for m in range(16, 64) if memory_fit(main.size_bytes, m * GIB).fits)
+    assert small_recommendation(main, holds_alone, compute=metal) is None
+
+
+def test_recommend_small_names_the_model_and_what_it_sits_beside(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["models", "recommend", "--small", "--beside", "qwen3-coder-30b", "--memory", "64"]
+    assert main([*args, "--compute", "metal"]) == 0
+    out, err = capsys.readouterr()
+    assert out.split("\t")[0] == "qwen3-4b"
+    assert "beside qwen3-coder-30b (both counted)" in err
+    # A small main model needs no second one; the answer says so instead of naming none.
+    assert main(["models", "recommend", "--small", "--beside", "qwen-coder-1.5b"]) != 0
+    assert "small model already" in capsys.readouterr().err
+
+
+def test_doctor_counts_the_small_model_beside_the_main_one() -> None:
+    from mlxlaunch.launch.doctor import ModelFact
+
+    models = (ModelFact("qwen3-30b", 17 * GIB), ModelFact("qwen3-4b", 2 * GIB))
+    facts = replace(HEALTHY, models=models, default_model="qwen3-30b", small_model="qwen3-4b")
+    check = {c.name: c for c in run_checks(facts)}["haiku tier"]
+    assert check.status == "ok" and "qwen3-4b beside qwen3-30b" in check.detail
+    tight = replace(facts, total_memory=31 * GIB)  # the 30B alone fits 31 GiB; not both
+    assert memory_fit(17 * GIB, 31 * GIB).fits and not memory_fit(19 * GIB, 31 * GIB).fits
+    check = {c.name: c for c in run_checks(tight)}["haiku tier"]
+    assert check.status == "warn" and check.fix == "mlx models recommend --small"
+    missing = replace(facts, small_model="qwen3-0.6b")
+    check = {c.name: c for c in run_checks(missing)}["haiku tier"]
+    assert check.status == "warn" and check.fix == "mlx models pull qwen3-0.6b"
+    assert "haiku tier" not in {c.name for c in run_checks(HEALTHY)}  # not set: no row

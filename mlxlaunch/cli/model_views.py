@@ -1,4 +1,5 @@
-"""How `mlx models list/catalog/info` show models: tables, blocks for narrow consoles, JSON.
+"""How `mlx models list/catalog/info/recommend` show models: tables, blocks for narrow
+consoles, JSON.
 Values are in words a person reads ("unknown", "yes", "4.0B", "3 h ago"), never Python's
 `None`/`True`; the JSON keeps the raw values, under stable keys.
 """
@@ -13,10 +14,18 @@ from rich.console import Console
 from rich.text import Text
 
 from mlxlaunch.cli.layout import Cell, Column, Record, print_lines, print_report, record_blocks
+from mlxlaunch.errors import ConfigError
 from mlxlaunch.store import CatalogEntry, LocalModel
+from mlxlaunch.store.catalog import (
+    SMALL_MODEL_MAX_BYTES,
+    catalog_entry,
+    recommendation,
+    small_recommendation,
+)
+from mlxlaunch.store.compute import Compute, this_machine
 from mlxlaunch.store.facts import read_chat_template, template_features
 from mlxlaunch.store.generation_config import describe_sampling
-from mlxlaunch.store.memory import format_bytes, memory_fit
+from mlxlaunch.store.memory import describe_windows, format_bytes, memory_fit
 
 LIST_COLUMNS = (
     Column("name"),
@@ -212,3 +221,52 @@ def info_fields(data: dict[str, Any]) -> list[tuple[str, str]]:
 def print_info(console: Console, heading: Text, fields: list[tuple[str, str]]) -> None:
     """`mlx models info`: one aligned `label value` line per field, values wrapped whole."""
     print_lines(console, record_blocks([Record(heading, tuple(fields))], console.width, pack=False))
+
+
+def recommendation_json(
+    memory: int | None,
+    kind: str | None,
+    compute: Compute | None = None,
+    *,
+    small: bool = False,
+    beside: str | None = None,
+) -> dict[str, Any]:
+    """`mlx models recommend --json`: the pick, its figures, whether it fits, and why it is
+    this one (this machine's compute unless told, whatever --memory says of its memory).
+
+    `small`: the small model for Claude Code's haiku tier that fits beside the main model
+    (`beside`, a catalog alias; None: the model recommended here), both counted together."""
+    compute = compute or this_machine()
+    found = recommendation(memory, kind=kind, compute=compute)
+    extra: dict[str, Any] = {}
+    if small:
+        main = catalog_entry(beside) if beside else (found.entry if found else None)
+        if beside and main is None:
+            raise ConfigError(f"{beside} is not in the catalog (see: mlx models catalog)")
+        found = small_recommendation(main, memory, compute=compute) if main else None
+        if main is not None and main.size_bytes <= SMALL_MODEL_MAX_BYTES:
+            raise ConfigError(
+                f"{main.alias} is a small model already: it serves Claude Code's haiku tier "
+                "itself (no second model needed)"
+            )
+        if found is None or main is None:
+            what = main.alias if main else "any model"
+            raise ConfigError(f"no catalog model fits beside {what} in this machine's memory")
+        extra = {"beside": main.alias}
+    if found is None:
+        raise ConfigError("no catalog model fits this machine's memory")
+    windows = found.entry.windows_here(memory)
+    return (
+        catalog_json([found.entry])[0]
+        | extra
+        | {
+            "fits": found.fit.fits,
+            "memory": found.fit.describe(),
+            # The longest session this machine holds, by KV bits (16: unquantized, --kv-bits).
+            "context_here": {str(bits): n for bits, n in windows.items()},
+            "context_here_text": describe_windows(windows, found.entry.context_window),
+            "compute": found.compute.describe() if found.compute else None,
+            "speed_rule": found.speed_rule(),
+            "pull_command": f"mlx models pull {found.entry.alias}",
+        }
+    )

@@ -26,6 +26,7 @@ from mlxlaunch.cli.model_views import (
     print_catalog,
     print_info,
     print_local_models,
+    recommendation_json,
 )
 from mlxlaunch.cli.options import MODEL_METAVAR, JsonOption
 from mlxlaunch.cluster.architecture import parallel_mode
@@ -45,7 +46,7 @@ from mlxlaunch.launch.models import (
     offline_model_dir,
     offline_model_names,
 )
-from mlxlaunch.store.catalog import CATALOG, catalog_entry, recommendation
+from mlxlaunch.store.catalog import CATALOG, catalog_entry
 from mlxlaunch.store.compute import BACKENDS, Compute, this_machine
 from mlxlaunch.store.facts import read_facts
 from mlxlaunch.store.inventory import (
@@ -55,7 +56,7 @@ from mlxlaunch.store.inventory import (
     local_model_names,
     snapshot_complete,
 )
-from mlxlaunch.store.memory import GIB, describe_windows, format_bytes
+from mlxlaunch.store.memory import GIB, format_bytes
 from mlxlaunch.store.registry import register_local
 from mlxlaunch.store.shards import (
     ShardSpec,
@@ -535,27 +536,6 @@ def _compute(backend: str | None) -> Compute:
     return Compute(chosen, here.cores)
 
 
-def recommendation_json(
-    memory: int | None, kind: str | None, compute: Compute | None = None
-) -> dict[str, Any]:
-    """`mlx models recommend --json`: the pick, its figures, whether it fits, and why it is
-    this one (this machine's compute unless told, whatever --memory says of its memory)."""
-    found = recommendation(memory, kind=kind, compute=compute or this_machine())
-    if found is None:
-        raise ConfigError("no catalog model fits this machine's memory")
-    windows = found.entry.windows_here(memory)
-    return catalog_json([found.entry])[0] | {
-        "fits": found.fit.fits,
-        "memory": found.fit.describe(),
-        # The longest session this machine holds, by KV bits (16: unquantized, --kv-bits).
-        "context_here": {str(bits): n for bits, n in windows.items()},
-        "context_here_text": describe_windows(windows, found.entry.context_window),
-        "compute": found.compute.describe() if found.compute else None,
-        "speed_rule": found.speed_rule(),
-        "pull_command": f"mlx models pull {found.entry.alias}",
-    }
-
-
 @models_app.command("recommend", short_help="The best catalog model for this machine.")
 def recommend_command(
     memory: MemoryOpt = None,
@@ -564,6 +544,20 @@ def recommend_command(
         str | None,
         typer.Option(
             "--compute", help="Judge for metal, cuda or cpu (default: what MLX uses here)."
+        ),
+    ] = None,
+    small: Annotated[
+        bool,
+        typer.Option(
+            "--small",
+            help="A small model for Claude Code's haiku tier that fits beside the main one "
+            "(--small-model), both counted.",
+        ),
+    ] = False,
+    beside: Annotated[
+        str | None,
+        typer.Option(
+            metavar="ALIAS", help="With --small: the main model (default: the one recommended)."
         ),
     ] = None,
     as_json: JsonOption = False,
@@ -581,15 +575,19 @@ def recommend_command(
 
       mlx models recommend --memory 64 --compute metal
 
+      mlx models recommend --small --beside qwen3-coder-30b
+
       mlx models pull "$(mlx models recommend | cut -f1)"
     """
-    data = recommendation_json(_gib(memory), kind, _compute(compute))
+    data = recommendation_json(_gib(memory), kind, _compute(compute), small=small, beside=beside)
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
     typer.echo(f"{data['alias']}\t{data['repo_id']}")
     size = format_bytes(data["size_bytes"])
     _err.print(f"{size} download, {data['context_window']:,}-token context", highlight=False)
+    if small:
+        _err.print(f"beside {data['beside']} (both counted)", highlight=False)
     _err.print(f"memory: {data['memory']}", highlight=False)
     _err.print(f"context: {data['context_here_text']}", highlight=False)
     if data["speed_rule"]:

@@ -43,6 +43,10 @@ PANELS = ("overview", "miss")
 NO_SERVER = "no running server found; start one with `mlx launch claude` or `mlx serve`"
 
 
+# The cards row's height in dash.tcss: six lines and the border.
+CARDS_HEIGHT = 8
+
+
 class DashApp(App[None]):
     """Live view of one mlxlaunch server.
 
@@ -193,6 +197,9 @@ class DashApp(App[None]):
         s = self.latest or StatsSnapshot()
         self.query_one("#requests-card", Static).update(requests_card(s))
         self.query_one("#model-card", Static).update(model_card(s))
+        beside = len(s.models[1:])  # a line each in the model card (dash.tcss: 8 for none)
+        if beside:
+            self.query_one("#cards").styles.height = CARDS_HEIGHT + beside
         self.query_one("#cache-card", Static).update(cache_card(s))
         prefill, decode = list(self.prefill_history), list(self.decode_history)
         self.query_one("#prefill", Sparkline).data = prefill

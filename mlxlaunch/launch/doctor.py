@@ -18,6 +18,7 @@ from mlxlaunch.blas import ENV_CHOICE
 from mlxlaunch.blas_probe import BlasReport, blas_report
 from mlxlaunch.cluster.link import LinkFigures
 from mlxlaunch.cluster.preflight import MATCHED_PACKAGES, HostFacts, Preflight
+from mlxlaunch.config import load_config
 from mlxlaunch.launch.claude_bin import (
     CLAUDE_CODE_PACKAGE,
     CLAUDE_CODE_VERSION,
@@ -85,6 +86,10 @@ class DoctorFacts:
     claude_needs_node: bool = False  # the claude found is a node script, not a native build
     node: NodeFacts | None = None  # None: not looked at
     cpu_count: int = 1
+    # The user's settings: the model a launch serves, and the small one beside it for Claude
+    # Code's haiku tier (None: not set).
+    default_model: str | None = None
+    small_model: str | None = None
 
     @property
     def compute(self) -> Compute:
@@ -272,6 +277,30 @@ def _model_checks(f: DoctorFacts) -> list[Check]:
     return checks
 
 
+def _small_model_checks(f: DoctorFacts) -> list[Check]:
+    """The small model set for the haiku tier: downloaded, and fitting beside the main model
+    (both count: they are served by one process)."""
+    if not f.small_model:
+        return []
+    by_name = {m.name: m for m in f.models}
+    small = by_name.get(f.small_model)
+    name = "haiku tier"
+    if small is None:
+        detail = f"default-small-model {f.small_model} is not downloaded"
+        fix = f"mlx models pull {f.small_model}"
+        return [Check(name, "warn", detail + " (the main model serves the tier)", fix)]
+    main = by_name.get(f.default_model or "") or max(
+        (m for m in f.models if m is not small), key=lambda m: m.weights_bytes, default=None
+    )
+    if main is None:
+        return [Check(name, "ok", f"{small.name} (no main model downloaded beside it)")]
+    fit = memory_fit(main.weights_bytes + small.weights_bytes, f.total_memory)
+    detail = f"{small.name} beside {main.name}: {fit.describe()}"
+    if fit.fits:
+        return [Check(name, "ok", detail)]
+    return [Check(name, "warn", detail, "mlx models recommend --small")]
+
+
 def _disk_check(f: DoctorFacts) -> Check:
     best = _recommended_entry(f)
     needed = (best.size_bytes if best else 0) + DISK_HEADROOM
@@ -300,6 +329,7 @@ def run_checks(facts: DoctorFacts) -> list[Check]:
         _claude_check(facts),
         *_node_checks(facts),
         *_model_checks(facts),
+        *_small_model_checks(facts),
         _disk_check(facts),
         _server_check(facts),
     ]
@@ -359,6 +389,7 @@ def gather_facts(
     except ClaudeNotFound:
         claude = None
     cache = hub_cache_dir()
+    settings = load_config()
     return DoctorFacts(
         system=platform.system(),
         machine=platform.machine(),
@@ -377,6 +408,8 @@ def gather_facts(
         claude_needs_node=claude is not None and runs_under_node(claude),
         node=node_facts(),
         cpu_count=os.cpu_count() or 1,
+        default_model=settings.get("default-model"),
+        small_model=settings.get("default-small-model") or settings.get("small-model"),
     )
 
 

@@ -44,6 +44,12 @@ class CatalogEntry:
         return windows_here(self.context_window, self.size_bytes, self.kv, total_memory)
 
     @property
+    def family(self) -> str:
+        """The model family its repo names (`Qwen3-Coder-30B-…` → `qwen3`): models of one
+        family share a tokenizer, so a small one can also draft for a big one."""
+        return self.repo_id.rsplit("/", 1)[-1].split("-", 1)[0].lower()
+
+    @property
     def memory_bytes(self) -> int:
         """Memory this model needs for a long session (see `store.memory`)."""
         return memory_needed(self.size_bytes)
@@ -174,6 +180,44 @@ def recommendation(
     return Recommendation(pick, fit, compute, tuple(too_slow))
 
 
+# The haiku tier's work (session titles, summaries, WebFetch digests, the safety verdict) is
+# short and must come quickly: a small model is at most this big, and smaller than the main one.
+SMALL_MODEL_MAX_BYTES = _gb(2.5)
+
+
+def small_recommendation(
+    beside: CatalogEntry,
+    total_memory: int | None = None,
+    *,
+    entries: Iterable[CatalogEntry] = CATALOG,
+    compute: Compute | None = None,
+) -> Recommendation | None:
+    """The small model to serve beside `beside` for Claude Code's haiku tier (`mlx serve|launch
+    --small-model`), or None when none fits beside it.
+
+    Both must fit together (one process: the weights of both, the runtime once). Of those
+    that do: one of the main model's family first (the same tokenizer: it can draft for the
+    main model too, `--speculate draft`), then one this machine runs at a usable speed, then
+    the best-ranked.
+    """
+    if compute is None and total_memory is None:
+        compute = this_machine()
+    candidates = [
+        e
+        for e in entries
+        if e is not beside
+        and e.size_bytes <= SMALL_MODEL_MAX_BYTES
+        and e.size_bytes < beside.size_bytes
+        and memory_fit(beside.size_bytes + e.size_bytes, total_memory).fits
+    ]
+    if not candidates:
+        return None
+    pick = max(candidates, key=lambda e: (e.family == beside.family, e.suits(compute), e.rank))
+    return Recommendation(
+        pick, memory_fit(beside.size_bytes + pick.size_bytes, total_memory), compute
+    )
+
+
 def recommend(
     total_memory: int | None = None,
     *,
@@ -195,4 +239,5 @@ __all__ = [
     "catalog_entry",
     "recommend",
     "recommendation",
+    "small_recommendation",
 ]
