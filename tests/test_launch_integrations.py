@@ -77,6 +77,16 @@ def test_opencode_config_points_at_chat_completions_with_the_served_limits() -> 
     assert "tok-secret" not in setup.env["OPENCODE_CONFIG_CONTENT"]
 
 
+def test_opencode_sends_its_titles_to_a_small_model_served_beside_the_main_one() -> None:
+    settings = client_settings("qwen-coder-7b", 32_768, small_model_id="qwen-coder-1.5b")
+    config = opencode_config(AgentTarget("http://127.0.0.1:8123", "t", settings))
+    assert config["model"] == "mlx/qwen-coder-7b"
+    assert config["small_model"] == "mlx/qwen-coder-1.5b"
+    assert set(config["provider"]["mlx"]["models"]) == {"qwen-coder-7b", "qwen-coder-1.5b"}
+    # Only agents with a background tier get a second model loaded for them.
+    assert {a.name for a in INTEGRATIONS.values() if a.small_tier} == {"claude", "opencode"}
+
+
 def test_environment_drops_provider_switches_and_env_pairs_win() -> None:
     setup = AgentSetup(env={"CODEX_HOME": "/ours", "A": "ours"})
     env = agent_environment(

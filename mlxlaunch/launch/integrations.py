@@ -74,6 +74,10 @@ class Integration:
     compact_at: Callable[[int, int], int] | None = None
     # Inherited variables that would send the agent to another provider.
     drops: tuple[str, ...] = field(default_factory=tuple)
+    # The agent sends background work (titles, summaries) to a model of its own naming, which
+    # a small model served beside the main one answers (`--small-model`): False, none is
+    # loaded for it (Codex has no such tier).
+    small_tier: bool = False
 
     @property
     def install_flag(self) -> str:
@@ -91,11 +95,13 @@ CLAUDE = Integration(
     configure=claude_env.configure,
     sets=(
         "ANTHROPIC_BASE_URL, ANTHROPIC_AUTH_TOKEN (per-launch token)",
-        "ANTHROPIC_MODEL and the tier variables: the served model",
+        "ANTHROPIC_MODEL and the tier variables: the served model (the haiku tier: the small "
+        "model, with --small-model)",
         "CLAUDE_CODE_MAX_CONTEXT_TOKENS, CLAUDE_CODE_MAX_OUTPUT_TOKENS: its window and budget",
     ),
     compact_at=claude_env.compaction_threshold,
     drops=claude_env.PROVIDER_SWITCHES,
+    small_tier=True,
 )
 
 CODEX = Integration(
@@ -124,9 +130,11 @@ OPENCODE = Integration(
     install_dir="opencode",
     api="chat",
     configure=opencode_config.configure,
+    small_tier=True,
     sets=(
         "OPENCODE_CONFIG_CONTENT: provider mlx (@ai-sdk/openai-compatible, baseURL <server>/v1)",
-        "model and small_model mlx/<id>, limit.context and limit.output: the served model's",
+        "model mlx/<id> (small_model: the small model's, with --small-model), limit.context "
+        "and limit.output: the served model's",
         f"{opencode_config.TOKEN_VARIABLE}: the per-launch token (apiKey reads it)",
         "OPENCODE_DISABLE_AUTOUPDATE, OPENCODE_DISABLE_MODELS_FETCH",
     ),

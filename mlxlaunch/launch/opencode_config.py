@@ -6,7 +6,9 @@ are, unread by us and unwritten. The config declares a provider `mlx` on the AI 
 `/v1` (Chat Completions), `options.apiKey` = `{env:MLX_LAUNCH_API_KEY}` (opencode's own
 substitution: the token is in the environment only), one model with the served window and
 output budget (`limit.context`, `limit.output`: opencode compacts when a prompt nears
-context - output), and makes it the default and small model. Auto-update and the models.dev
+context - output), and makes it the default and small model (`small_model`: opencode's titles
+and summaries; a small model served beside the main one, `default-small-model`, when there is
+one). Auto-update and the models.dev
 catalog fetch are switched off: a local session needs neither, and both reach the network.
 """
 
@@ -27,6 +29,11 @@ def opencode_config(target: AgentTarget) -> dict[str, Any]:
     """The config object for `target` (no token: `apiKey` names the variable)."""
     s = target.settings
     model = f"{PROVIDER_ID}/{s.model_id}"
+    limit = {"context": s.context_window, "output": s.max_output_tokens}
+    models = {
+        name: {"name": name, "tool_call": True, "limit": limit}
+        for name in dict.fromkeys((s.model_id, s.small_model_id))
+    }
     return {
         "$schema": "https://opencode.ai/config.json",
         "provider": {
@@ -37,17 +44,11 @@ def opencode_config(target: AgentTarget) -> dict[str, Any]:
                     "baseURL": target.openai_base_url,
                     "apiKey": "{env:" + TOKEN_VARIABLE + "}",
                 },
-                "models": {
-                    s.model_id: {
-                        "name": s.model_id,
-                        "tool_call": True,
-                        "limit": {"context": s.context_window, "output": s.max_output_tokens},
-                    }
-                },
+                "models": models,
             }
         },
         "model": model,
-        "small_model": model,
+        "small_model": f"{PROVIDER_ID}/{s.small_model_id}",
         "autoupdate": False,
         "share": "disabled",
     }

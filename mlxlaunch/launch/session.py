@@ -103,7 +103,8 @@ def launch_agent(
                 log_level="info",
                 # The demo's greeting names the agent it serves (serving's default names none).
                 logits_hook=logits_hook or demo_replies(chosen.name, agent=agent.name),
-                small_model=options.small_model,
+                # Only an agent with a background tier has a use for a second model.
+                small_model=options.small_model if agent.small_tier else None,
                 max_output_tokens=max_output,
                 rank_command=rank_command,
             )
