@@ -359,3 +359,45 @@ def test_serving_loads_the_small_model_beside_the_main_one(tiny_model_dir: Path)
         failed = now.engine.models[1]
         assert failed.failure is not None and "no-such-model-anywhere" in failed.failure
         assert now.engine.route(now.client.small_model_id).role == "main"
+
+
+def test_the_small_model_drafts_for_the_main_one_on_the_same_weights() -> None:
+    """`--speculate draft --small-model S` (no --draft-model): S serves the haiku tier and
+    drafts for the main model, from one copy of its weights; its drafts are accepted (the
+    hand-wired copy models follow one chain) and the main model's output is the plain one."""
+    from rich.console import Console
+
+    from mlxlaunch.launch.models import ChosenModel
+    from mlxlaunch.launch.options import EngineOptions
+    from mlxlaunch.launch.serving import serving as served
+    from mlxlaunch.testing import ensure_test_model
+
+    main_dir = ensure_test_model("copy")
+    chosen = ChosenModel("copy", main_dir, "--model")
+    settings = ServerSettings(auth_token=TOKEN, model_id="copy")
+    request = turn("spec", "Say something.", 120, model="copy")
+    with served(
+        chosen,
+        EngineOptions(speculate="draft"),
+        settings,
+        kind="serve",
+        console=Console(quiet=True),
+        small_model="copy-tiny",
+    ) as now:
+        main, small = (m.engine for m in now.engine.models)
+        assert main is not None and small is not None
+        drafted = asyncio.run(collect(now.engine.submit(request)))
+        draft = main._worker.speculation.draft
+        assert draft is not None
+        assert small._worker.loaded is not None
+        assert draft.model is small._worker.loaded.base_model  # the same weights, not a copy
+        done = drafted[-1]
+        assert isinstance(done, Done)
+        assert done.timings.drafted_tokens >= 10
+        assert done.timings.accepted_tokens >= 0.9 * done.timings.drafted_tokens
+    plain = Engine(EngineConfig(model=str(main_dir), speculate="off"))
+    plain.start()
+    try:
+        assert text_of(asyncio.run(collect(plain.submit(request)))) == text_of(drafted)
+    finally:
+        plain.close()

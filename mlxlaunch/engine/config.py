@@ -118,6 +118,9 @@ class EngineConfig:
             8 or 4 bits a value (`--kv-bits`; None: the model's own precision).
         kv_group_size: values per quantization group (`--kv-group-size`; None: 64, or the
             largest of 32/64/128 that divides the model's head dimension).
+        share_weights: load a directory another engine of this MLX thread holds as that
+            engine's copy (several models, engine/models.py: the small model and the main
+            one's draft model share their weights).
         debug_cache: keep the prompt text around each cache miss in stats and the log
             (`--debug-cache`); off, a miss says only where it happened, with digests of the
             text, since every client with the token can read stats (engine/cache/misses.py).
@@ -151,6 +154,7 @@ class EngineConfig:
     cluster: ClusterRole | None = None
     kv_bits: int | None = None
     kv_group_size: int | None = None
+    share_weights: bool = False
 
     def __post_init__(self) -> None:
         if self.render not in RENDER_MODES:

@@ -86,6 +86,8 @@ class ModelSet:
         if self.conductor is None and len(self.models) > 1:
             self.conductor = Conductor()
         for model in self.models:
+            if self.conductor is not None:  # one thread: a directory's weights loaded once
+                model.config = replace(model.config, share_weights=True)
             if model.engine is None and model.failure is None:  # a failed one never loads
                 model.engine = Engine(model.config, conductor=self.conductor)
 

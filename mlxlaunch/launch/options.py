@@ -54,7 +54,8 @@ class EngineOptions:
         if self.speculate == "draft" and not self.draft_model:
             raise ConfigError(
                 "--speculate draft needs a draft model",
-                hint="add --draft-model M (a small model with the same tokenizer)",
+                hint="add --draft-model M (a small model with the same tokenizer), or serve "
+                "one beside the main model with --small-model M: it drafts too",
             )
         return {
             "context_length": self.context_length,

@@ -127,6 +127,9 @@ def serving(
         settings = dataclasses.replace(settings, stats_prompt_excerpts=True)
     if not engine_options.safeguards:  # --no-safeguards: the server says the check is off
         settings = dataclasses.replace(settings, safeguards=False)
+    if engine_options.speculate == "draft" and not engine_options.draft_model and small_model:
+        # The small model drafts for the main one too: one set of weights, used twice.
+        engine_options = replace(engine_options, draft_model=small_model)
     draft = engine_options.draft_model
     config = EngineConfig(
         model=str(model.path),

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
+import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +33,33 @@ from mlxlaunch.store.dialects import LEARNED_JSON, Dialect, detect_dialect, dial
 from mlxlaunch.store.generation_config import read_sampling_defaults
 
 ToolParser = Callable[[str, Any], Any]
+
+# Several models on one MLX thread (engine/models.py) load a directory once: the small model
+# served beside the main one and the main one's draft model (the same small model, drafting)
+# share one copy of the weights. Kept per thread, and only for engines that ask
+# (`EngineConfig.share_weights`): engines on other threads never share arrays.
+_loaded_here = threading.local()
+
+
+def _load_shared(source: str, share: bool) -> tuple[nn.Module, Any, dict[str, Any]]:
+    """mlx-lm's load of `source` (model, tokenizer, config); with `share`, the copy another
+    engine of this thread holds, while it holds it."""
+    if not share:
+        loaded = mlx_lm_load(source, return_config=True, trust_remote_code=False)
+        return loaded[0], loaded[1], loaded[2]  # type: ignore[misc]
+    # Held while the model lives: the entry (and its tokenizer) goes with the last user.
+    held: dict[str, tuple[Any, Any, dict[str, Any]]] = _loaded_here.__dict__.setdefault("held", {})
+    key = os.path.realpath(source) if os.path.exists(source) else source
+    if key in held and (model := held[key][0]()) is not None:
+        return model, held[key][1], held[key][2]
+    model, tokenizer, config = _load_shared(source, share=False)
+
+    def forget(ref: Any, key: str = key) -> None:
+        if key in held and held[key][0] is ref:
+            del held[key]
+
+    held[key] = (weakref.ref(model, forget), tokenizer, config)
+    return model, tokenizer, config
 
 
 @dataclass
@@ -171,12 +201,8 @@ def load_model(config: EngineConfig) -> LoadedModel:
         if config.cluster is not None:
             model, tokenizer, model_config = _sharded(config, path)
         else:
-            loaded = mlx_lm_load(
-                str(path) if path.exists() else config.model,
-                return_config=True,
-                trust_remote_code=False,
-            )
-            model, tokenizer, model_config = loaded[0], loaded[1], loaded[2]  # type: ignore[misc]
+            source = str(path) if path.exists() else config.model
+            model, tokenizer, model_config = _load_shared(source, config.share_weights)
     except Exception as exc:  # mlx-lm raises many kinds; all mean "cannot load"
         raise ModelLoadError(f"cannot load model {config.model}: {exc}") from exc
     base_model = model
@@ -235,18 +261,18 @@ class DraftLoaded:
     vocab_size: int  # the tokenizer's (the model's output may be padded past it)
 
 
-def load_draft_model(path: str, main: LoadedModel) -> DraftLoaded:
-    """Load the draft model at `path` and check that it can draft for `main`.
+def load_draft_model(path: str, main: LoadedModel, *, share: bool = False) -> DraftLoaded:
+    """Load the draft model at `path` and check that it can draft for `main` (`share`: the
+    weights of a model this thread serves from `path` too, see `_load_shared`).
 
     Raises:
         ModelLoadError: it cannot be loaded, or its tokenizer is not the main model's (the
             drafted token ids would mean other text), in words that say which differs.
     """
     try:
-        loaded = mlx_lm_load(path, trust_remote_code=False)
+        model, tokenizer, _ = _load_shared(path, share)
     except Exception as exc:
         raise ModelLoadError(f"cannot load the draft model {path}: {exc}") from exc
-    model, tokenizer = loaded[0], loaded[1]
     vocab = tokenizer.get_vocab()
     mine = main.tokenizer.get_vocab()
     if vocab != mine:

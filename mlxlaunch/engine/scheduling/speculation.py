@@ -54,7 +54,7 @@ def plan_speculation(config: EngineConfig, loaded: LoadedModel, *, cluster: bool
     draft = None
     if reason is None and use_draft:
         assert config.draft_model is not None
-        draft = load_draft_model(config.draft_model, loaded)
+        draft = load_draft_model(config.draft_model, loaded, share=config.share_weights)
         reason = speculation_unavailable(
             mode, loaded.base_model, cluster=cluster, draft=draft.model
         )
