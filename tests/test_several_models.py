@@ -401,3 +401,105 @@ def test_the_small_model_drafts_for_the_main_one_on_the_same_weights() -> None:
         assert text_of(asyncio.run(collect(plain.submit(request)))) == text_of(drafted)
     finally:
         plain.close()
+
+
+# --- models on demand ------------------------------------------------------------------------
+
+
+def weights_of(directory: Path) -> int:
+    return sum(f.stat().st_size for f in directory.glob("model*.safetensors"))
+
+
+def test_a_downloaded_model_a_request_names_is_loaded_beside_the_others(
+    tiny_model_dir: Path, small_model_dir: Path, medium_model_dir: Path
+) -> None:
+    """Loaded on first request, served by its own engine; the least recently used idle one
+    closed to make room within the budget; a pinned model never; an id that names a model
+    one could pull is a 404 saying how; any other id stays the main model's."""
+    on_disk = {"extra-a": small_model_dir, "extra-b": medium_model_dir, "qwen3-4b": "missing"}
+    finder_calls: list[str] = []
+
+    def finder(model_id: str) -> Any:
+        finder_calls.append(model_id)
+        return on_disk.get(model_id)
+
+    budget = weights_of(tiny_model_dir) + max(
+        weights_of(small_model_dir), weights_of(medium_model_dir)
+    )
+    models = ModelSet(
+        [ServedModel(EngineConfig(model=str(tiny_model_dir)), names=("main",))],
+        finder=finder,
+        memory_budget=budget + 1024,
+    )
+    with serving(models) as server:
+        import anthropic
+
+        client = anthropic.Anthropic(base_url=server.url, api_key=TOKEN, max_retries=0)
+
+        def ask(model: str) -> Any:
+            return client.messages.create(
+                model=model, max_tokens=3, messages=[{"role": "user", "content": "hi"}]
+            )
+
+        assert ask("extra-a").model == "extra-a"
+        roles = [(m.names[0], m.role, m.pinned) for m in models.models]
+        assert roles == [("main", "main", True), ("extra-a", "extra", False)]
+        stats = models.stats()
+        assert stats.models[1].counters.requests_completed == 1
+        assert stats.models[0].counters.requests_completed == 0
+        ask("extra-a")  # served by the loaded one: the store is not asked again
+        assert finder_calls.count("extra-a") == 1
+        # A second one does not fit beside the first: the idle, least recently used goes.
+        ask("extra-b")
+        assert [m.names[0] for m in models.models] == ["main", "extra-b"]
+        # Claude Code's ids are no models' names: the main model serves them, nothing loads.
+        ask("claude-sonnet-4-6")
+        assert len(models.models) == 2
+        assert models.stats().models[0].counters.requests_completed == 1
+        with pytest.raises(anthropic.NotFoundError) as refused:
+            ask("qwen3-4b")
+        assert refused.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+        assert "mlx models pull qwen3-4b" in refused.value.message
+
+        import openai
+
+        oai = openai.OpenAI(base_url=server.url + "/v1", api_key=TOKEN, max_retries=0)
+        with pytest.raises(openai.NotFoundError):
+            oai.chat.completions.create(
+                model="qwen3-4b", max_tokens=3, messages=[{"role": "user", "content": "hi"}]
+            )
+    # A budget that holds only the pinned model: nothing is loaded, nothing pinned is closed.
+    tight = ModelSet(
+        [ServedModel(EngineConfig(model=str(tiny_model_dir)), names=("main",))],
+        finder=finder,
+        memory_budget=weights_of(tiny_model_dir) + 1024,
+    )
+    with serving(tight) as server:
+        reply = httpx.post(
+            server.url + "/v1/messages",
+            headers={"authorization": f"Bearer {TOKEN}"},
+            json={
+                "model": "extra-a",
+                "max_tokens": 3,
+                "messages": [{"role": "user", "content": "x"}],
+            },
+        )
+        assert reply.status_code == 503 and "does not fit" in reply.json()["error"]["message"]
+        assert [m.names[0] for m in tight.models] == ["main"]
+
+
+def test_the_store_says_what_an_id_names(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlxlaunch.launch.serving import find_in_store
+    from mlxlaunch.store.registry import register_local
+
+    monkeypatch.setenv("MLXLAUNCH_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    register_local("my-model", tiny_model_dir)
+    assert find_in_store("my-model") == tiny_model_dir.resolve()
+    assert find_in_store("qwen3-4b") == "missing"  # a catalog alias, not downloaded
+    assert find_in_store("mlx-community/Some-Model-4bit") == "missing"
+    assert find_in_store("claude-haiku-4-5") is None
+    assert find_in_store("tiny") is None  # the test models are no client's to load
+    assert find_in_store(str(tiny_model_dir)) is None  # nor the server's directories

@@ -18,6 +18,13 @@ that failed to load is routed around (its requests go to the main model), and th
 stays in its stats for `mlx ps`, the log and the dashboard. A prompt too long for the small
 model's window is served by the main model.
 
+Models on demand (`finder`): a request naming a model the set does not serve, but the store
+has on disk, loads it beside the others (its requests then go there), within `memory_budget`
+bytes of weights: the least recently used model that was loaded on demand and is idle is
+closed to make room; a model the set was started with (pinned) never is. An id that names a
+model one could pull but that is not on disk is a `ModelNotServed` (404) that says how to get
+it; any other id goes to the main model.
+
 The set has the engine's face (`submit`, `cancel`, `count_tokens`, `stats`, `model_info`,
 `load`, `close`), so the server takes either.
 """
@@ -27,8 +34,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Literal
 
 from mlxlaunch.engine.config import EngineConfig
@@ -40,15 +48,22 @@ from mlxlaunch.engine.types import (
     EngineUnavailable,
     GenerationRequest,
     ModelInfo,
+    ModelNotServed,
     PromptTooLong,
 )
 from mlxlaunch.errors import MlxLaunchError
+from mlxlaunch.store.facts import weight_files
 
 log = logging.getLogger(__name__)
 
 # main: the model unknown ids go to; small: Claude Code's haiku tier (background work);
 # extra: served under its own names only.
 ModelRole = Literal["main", "small", "extra"]
+
+# What a model id names in the store: a local directory, MISSING (a model one could pull, not
+# on disk), or None (no model's name: the main model serves it).
+MISSING: Literal["missing"] = "missing"
+Finder = Callable[[str], "Path | Literal['missing'] | None"]
 
 # A request id with this in it is Claude Code's background tier (ANTHROPIC_DEFAULT_HAIKU_MODEL's
 # default ids, `claude-haiku-4-5-…`, `claude-3-5-haiku-…`).
@@ -64,6 +79,9 @@ class ServedModel:
     role: ModelRole = "main"
     engine: Engine | None = None  # set by ModelSet
     failure: str | None = None  # why it could not be loaded (then it is routed around)
+    pinned: bool = True  # False: loaded on demand, closed to make room for another
+    weights_bytes: int = 0  # its weight files' size (the memory budget counts them)
+    last_used: float = field(default_factory=time.monotonic)
 
     def picks(self, model_id: str) -> bool:
         wanted = model_id.strip().lower()
@@ -77,14 +95,17 @@ class ModelSet:
     models: list[ServedModel]
     # The MLX thread the models share; one model keeps a thread of its own (no conductor).
     conductor: Conductor | None = field(default=None)
+    finder: Finder | None = None  # None: no model is loaded on demand
+    memory_budget: int | None = None  # bytes of weights all loaded models may hold (None: any)
 
     def __post_init__(self) -> None:
         if not self.models:
             raise ValueError("a model set needs at least one model")
         if self.models[0].role != "main" or self.models[0].failure is not None:
             raise ValueError("the first model of a set is its main model")
-        if self.conductor is None and len(self.models) > 1:
+        if self.conductor is None and (len(self.models) > 1 or self.finder is not None):
             self.conductor = Conductor()
+        self._joining = asyncio.Lock() if self.finder is not None else None
         for model in self.models:
             if self.conductor is not None:  # one thread: a directory's weights loaded once
                 model.config = replace(model.config, share_weights=True)
@@ -163,9 +184,10 @@ class ModelSet:
 
     def route(self, model_id: str) -> ServedModel:
         """The model that serves requests for `model_id` (see the module docstring)."""
-        usable = [m for m in self.models if m.failure is None]
+        usable = [m for m in self.models if m.failure is None and m.engine is not None]
         for model in usable:
             if model.picks(model_id):
+                model.last_used = time.monotonic()
                 return model
         if HAIKU_TIER in model_id.lower():
             for model in usable:
@@ -181,7 +203,7 @@ class ModelSet:
     async def submit(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
         """The routed model's `Engine.submit`; a prompt the small model's window cannot hold
         goes to the main model instead."""
-        routed = self.route(request.model_alias)
+        routed = await self._serving(request.model_alias)
         engine = routed.engine
         assert engine is not None
         stream = engine.submit(request)
@@ -210,12 +232,78 @@ class ModelSet:
         finally:
             await stream.aclose()
 
+    # --- models on demand ------------------------------------------------------------------
+
+    async def _serving(self, model_id: str) -> ServedModel:
+        """`route`, after loading the model `model_id` names where the store has it."""
+        routed = self.route(model_id)
+        if self.finder is None or routed.picks(model_id) or routed.role != "main":
+            return routed
+        found = await asyncio.to_thread(self.finder, model_id)
+        if found is None:
+            return routed
+        if found == MISSING:
+            raise ModelNotServed(
+                f"model {model_id!r} is not served here and not downloaded: pull it with "
+                f"`mlx models pull {model_id}`, or ask for a served model (GET /v1/models)"
+            )
+        assert self._joining is not None
+        async with self._joining:  # one load per model, however many ask at once
+            again = self.route(model_id)
+            if again.picks(model_id):
+                return again
+            return await self._join(model_id, Path(found))
+
+    async def _join(self, model_id: str, path: Path) -> ServedModel:
+        weights = sum(f.stat().st_size for f in weight_files(path))
+        await self._make_room(weights, model_id)
+        main = self.models[0].config
+        config = replace(
+            main, model=str(path), context_length=None, draft_model=None, speculate="auto"
+        )
+        model = ServedModel(
+            config, (model_id, path.name), role="extra", pinned=False, weights_bytes=weights
+        )
+        model.engine = Engine(config, conductor=self.conductor)
+        model.engine.start()
+        self.models.append(model)
+        log.info("serving %s on demand (%s of weights)", model_id, _gib(weights))
+        return model
+
+    async def _make_room(self, weights: int, model_id: str) -> None:
+        """Close idle models loaded on demand, least recently used first, until `weights`
+        more bytes fit the budget."""
+        budget = self.memory_budget
+        if budget is None:
+            return
+        while sum(m.weights_bytes for m in self._loaded()) + weights > budget:
+            idle = [
+                m
+                for m in self._loaded()
+                if not m.pinned and m.engine is not None and _idle(m.engine.stats())
+            ]
+            if not idle:
+                raise EngineUnavailable(
+                    f"model {model_id!r} ({_gib(weights)}) does not fit beside the models in "
+                    f"use within this server's {_gib(budget)} for weights"
+                )
+            oldest = min(idle, key=lambda m: m.last_used)
+            log.info("closing %s to make room for %s", oldest.names[0], model_id)
+            self.models.remove(oldest)
+            engine, oldest.engine = oldest.engine, None
+            assert engine is not None
+            await asyncio.to_thread(engine.close)
+
+    def _loaded(self) -> list[ServedModel]:
+        return [m for m in self.models if m.engine is not None and m.failure is None]
+
     def cancel(self, request_id: str) -> None:
         for engine in self.engines():  # ids are unique across the set: only one holds it
             engine.cancel(request_id)
 
     async def count_tokens(self, request: GenerationRequest) -> int:
-        engine = self._engine_for(request.model_alias)
+        engine = (await self._serving(request.model_alias)).engine
+        assert engine is not None
         try:
             return await engine.count_tokens(request)
         except PromptTooLong:
@@ -244,3 +332,11 @@ class ModelSet:
                 )
             )
         return replace(per_model[0], models=tuple(per_model))
+
+
+def _idle(stats: EngineStats) -> bool:
+    return stats.running == 0 and stats.queue_depth == 0
+
+
+def _gib(n: int) -> str:
+    return f"{n / 1024**3:.1f} GiB"

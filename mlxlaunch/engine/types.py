@@ -252,6 +252,10 @@ class EngineUnavailable(EngineError):
     """The model could not be loaded or the engine is shutting down."""
 
 
+class ModelNotServed(EngineError):
+    """The request names a model this server does not serve and cannot load (a 404)."""
+
+
 class ClusterLost(EngineUnavailable):
     """A rank of the cluster died or cannot be reached: the cluster cannot go on."""
 

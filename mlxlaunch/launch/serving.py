@@ -24,17 +24,25 @@ from typing import Literal
 from rich.console import Console
 
 from mlxlaunch.engine.config import ClusterRole, EngineConfig, LogitsHook
-from mlxlaunch.engine.models import ModelRole, ModelSet, ServedModel
+from mlxlaunch.engine.models import MISSING, ModelRole, ModelSet, ServedModel
 from mlxlaunch.errors import MlxLaunchError
 from mlxlaunch.launch.child import terminating_like_ctrl_c
 from mlxlaunch.launch.claude_env import claude_model_id, client_settings
-from mlxlaunch.launch.models import ChosenModel, demo_replies, resolve_name
+from mlxlaunch.launch.models import (
+    ChosenModel,
+    demo_replies,
+    is_test_model_name,
+    pullable,
+    resolve_name,
+)
 from mlxlaunch.launch.options import EngineOptions
 from mlxlaunch.launch.state import ClientSettings, RunKind, RunState, remove_state, write_state
 from mlxlaunch.launch.warm import warm_up_in_background
 from mlxlaunch.protocol.limits import plain_model_id
 from mlxlaunch.server.app import ServerSettings
 from mlxlaunch.server.runner import DEFAULT_DRAIN_S, ServerHandle, start_server
+from mlxlaunch.store.memory import system_memory_bytes, usable_memory
+from mlxlaunch.store.resolve import resolve_model
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +149,12 @@ def serving(
     main = ServedModel(config, names=_names(settings.model_id or model.served_id, model.path))
     companions = [] if cluster is not None else _companions(small_model, also, model, config)
     with terminating_like_ctrl_c(), contextlib.ExitStack() as stack:
-        engine = ModelSet([main, *companions])
+        engine = ModelSet(
+            [main, *companions],
+            # Not on a cluster: each rank would have to load the same model at once.
+            finder=find_in_store if cluster is None else None,
+            memory_budget=usable_memory(system_memory_bytes()) or None,
+        )
         engine.start()
         stack.callback(engine.close)
         if settings.threads_dir is None:
@@ -170,6 +183,20 @@ def serving(
         )
         stack.callback(remove_state, state_pid or os.getpid())
         yield served
+
+
+def find_in_store(model_id: str) -> Path | Literal["missing"] | None:
+    """What a request's model id names for models served on demand (engine/models.py): the
+    directory of a downloaded model; MISSING for one `mlx models pull` could fetch; None for
+    any other id (Claude Code's tier ids, the test models' names), which the main model serves."""
+    if is_test_model_name(model_id):
+        return None
+    try:
+        found = resolve_model(model_id, record_use=True)
+    except MlxLaunchError:
+        return MISSING if pullable(model_id) else None
+    # A client names models, never the server's directories.
+    return None if found.source == "path" else found.path
 
 
 def _names(name: str, path: Path) -> tuple[str, ...]:

@@ -19,6 +19,7 @@ from mlxlaunch.engine.types import (
     EngineUnavailable,
     GenerationFailed,
     InvalidRequest,
+    ModelNotServed,
     Overloaded,
 )
 from mlxlaunch.protocol.errors import ErrorType, error_body, status_for
@@ -79,6 +80,8 @@ ENGINE_ERRORS: tuple[tuple[type[EngineError], ErrorAnswer], ...] = (
     # The client's mistake, PromptTooLong included: clients recognise its wording, and a 400
     # is not retried (a 500 would be, for minutes).
     (InvalidRequest, ErrorAnswer("invalid_request_error")),
+    # The request names a model the server neither serves nor has on disk.
+    (ModelNotServed, ErrorAnswer("not_found_error")),
     # Admission control refused it: 429, back after the engine's estimate.
     (Overloaded, ErrorAnswer("rate_limit_error", retry=True)),
     # No model to serve with (it failed to load, or the engine is stopping): the server's
