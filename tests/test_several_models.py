@@ -503,3 +503,59 @@ def test_the_store_says_what_an_id_names(
     assert find_in_store("claude-haiku-4-5") is None
     assert find_in_store("tiny") is None  # the test models are no client's to load
     assert find_in_store(str(tiny_model_dir)) is None  # nor the server's directories
+
+
+def test_each_model_unloads_on_its_own_keep_alive(
+    tiny_model_dir: Path, small_model_dir: Path
+) -> None:
+    """The small model idles out while the main one decodes (one MLX thread runs both): its
+    own sweeper unloads it, the main model stays loaded and its stream goes on; the next
+    haiku-tier request loads the small model again."""
+    scripted = ScriptedOutput()
+    models = ModelSet(
+        [
+            ServedModel(
+                EngineConfig(model=str(small_model_dir), logits_hook=scripted), names=("big",)
+            ),
+            ServedModel(
+                EngineConfig(model=str(tiny_model_dir), keep_alive_s=0.3, sweep_poll_s=0.05),
+                names=("little",),
+                role="small",
+            ),
+        ]
+    )
+    models.start()
+    try:
+        asyncio.run(models.load())
+
+        async def scenario() -> None:
+            scripted.enqueue(" ".join(f"w{i}" for i in range(4000)))
+            tokens = 0
+
+            async def main_stream() -> None:
+                nonlocal tokens
+                async for event in models.submit(turn("main", "go", 5000, model="big")):
+                    if isinstance(event, TextDelta):
+                        tokens += 1
+
+            task = asyncio.create_task(main_stream())
+            await wait_until(lambda: tokens > 5, timeout=60)
+            await collect(models.submit(turn("t1", "title", 3, model="little")))
+
+            def small_state() -> str:
+                return models.stats().models[1].state
+
+            await wait_until(lambda: small_state() == "unloaded", timeout=30)
+            seen = tokens
+            main_now = models.stats().models[0]
+            assert main_now.state == "loaded" and main_now.running == 1
+            assert models.stats().models[1].counters.idle_unloads == 1
+            await wait_until(lambda: tokens > seen + 5, timeout=30)  # the stream goes on
+            again = await collect(models.submit(turn("t2", "title", 3, model="little")))
+            assert isinstance(again[-1], Done) and small_state() == "loaded"
+            models.cancel("main")
+            await task
+
+        asyncio.run(scenario())
+    finally:
+        models.close()
