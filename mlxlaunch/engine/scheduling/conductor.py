@@ -6,9 +6,10 @@ prefix cache, idle unload), and the conductor's loop gives each worker one turn 
 its batch — per round, waiting for commands only when every worker is idle.
 
 The main loop first: the first worker joined is the main model's. While it is `urgent` (an
-interactive main-loop request is prefilling, or waits for a slot), the other workers step only
-every `SIDE_EVERY` rounds, so a title request or a subagent on the small model slows the turn
-the user waits for by at most about 1/`SIDE_EVERY` of a side step per main step; otherwise
+interactive main-loop request is prefilling, or waits for a slot), the other workers' turns
+may take at most `SIDE_SHARE` of the time the main worker's take, so a subagent on the small
+model slows the turn the user waits for by at most about that share, while a cheap step (a
+small model's title request beside a main prefill chunk) still runs every round; otherwise
 every worker steps every round (each model's own batch keeps its own pace).
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Protocol
 
@@ -26,8 +28,10 @@ log = logging.getLogger(__name__)
 
 Command = Callable[[], None]
 
-# While the main model is urgent, another model steps once in this many rounds.
-SIDE_EVERY = 4
+# While the main model is urgent: the other models' turns against its own, in time.
+SIDE_SHARE = 0.1
+# The most steps another model takes in one round (a round ends with the commands drained).
+SIDE_STEPS = 2
 
 
 def drain_commands(commands: queue.SimpleQueue[Command | None], timeout: float | None) -> None:
@@ -79,7 +83,9 @@ class Conductor:
         self._lock = threading.Lock()
         self._members: list[tuple[Turns, threading.Event]] = []
         self._looping = False
-        self._round = 0
+        # Seconds of turns while the main model is urgent: its own, and the others'.
+        self._main_s = 0.0
+        self._side_s = 0.0
 
     def join(self, worker: Turns) -> threading.Event:
         """Run `worker`'s turns on the shared thread from now on; the event is set once its
@@ -114,15 +120,30 @@ class Conductor:
                 drain_commands(self.commands, min(known) if known else None)
             else:
                 drain_commands(self.commands, 0.0)
-            self._round += 1
             main_urgent = members[0][0].urgent
+            if not main_urgent:
+                self._main_s = self._side_s = 0.0
             for i, (worker, ended) in enumerate(members):
                 if worker.stopping:
                     self._leave(worker, ended)
                     continue
-                if i and main_urgent and not idle[i] and self._round % SIDE_EVERY:
-                    continue  # the main loop first: this model waits this round
-                worker.turn(idle[i])
+                if not (i and main_urgent) or idle[i]:
+                    started = time.perf_counter()
+                    worker.turn(idle[i])
+                    if main_urgent and not i:
+                        self._main_s += time.perf_counter() - started
+                    continue
+                # The main loop first: this model steps while it is within its share of the
+                # time (several cheap steps beside one long main prefill chunk; none when its
+                # steps are dear), at most SIDE_STEPS in a row.
+                for _ in range(SIDE_STEPS):
+                    if self._side_s > SIDE_SHARE * self._main_s:
+                        break
+                    started = time.perf_counter()
+                    worker.turn(False)
+                    self._side_s += time.perf_counter() - started
+                    if worker.settle():  # nothing left to do
+                        break
 
     def _leave(self, worker: Turns, ended: threading.Event) -> None:
         try:
