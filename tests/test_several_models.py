@@ -335,27 +335,19 @@ def test_serving_loads_the_small_model_beside_the_main_one(tiny_model_dir: Path)
     chosen = ChosenModel("tiny", tiny_model_dir, "--model")
     settings = ServerSettings(auth_token=TOKEN, model_id="tiny")
     console = Console(quiet=True)
-    with served(
-        chosen,
-        EngineOptions(),
-        settings,
-        kind="serve",
-        console=console,
-        small_model="small",
-    ) as now:
+
+    def serving_with(small: str) -> Any:
+        return served(
+            chosen, EngineOptions(), settings, kind="serve", console=console, small_model=small
+        )
+
+    with serving_with("small") as now:
         roles = [(m.role, m.names[0]) for m in now.engine.models]
         assert roles == [("main", "tiny"), ("small", "small")]
         assert now.engine.route(now.client.small_model_id).role == "small"
         assert now.engine.route(now.client.model_id).role == "main"
         assert now.engine.models[1].failure is None
-    with served(
-        chosen,
-        EngineOptions(),
-        settings,
-        kind="serve",
-        console=console,
-        small_model="no-such-model-anywhere",
-    ) as now:
+    with serving_with("no-such-model-anywhere") as now:
         failed = now.engine.models[1]
         assert failed.failure is not None and "no-such-model-anywhere" in failed.failure
         assert now.engine.route(now.client.small_model_id).role == "main"
