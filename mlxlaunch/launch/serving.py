@@ -32,6 +32,7 @@ from mlxlaunch.launch.state import ClientSettings, RunKind, RunState, remove_sta
 from mlxlaunch.launch.warm import warm_up_in_background
 from mlxlaunch.server.app import ServerSettings
 from mlxlaunch.server.runner import DEFAULT_DRAIN_S, ServerHandle, start_server
+from mlxlaunch.store.catalog import vision_pick
 
 # How long requests still in flight when serving ends (Ctrl-C, claude exiting) may finish
 # before they are answered "server is shutting down"; the same for both commands.
@@ -117,6 +118,8 @@ def serving(
         settings = dataclasses.replace(settings, stats_prompt_excerpts=True)
     if not engine_options.safeguards:  # --no-safeguards: the server says the check is off
         settings = dataclasses.replace(settings, safeguards=False)
+    if settings.vision_model is None:  # what a text-only model's refusal of an image names
+        settings = dataclasses.replace(settings, vision_model=vision_pick().alias)
     draft = engine_options.draft_model
     config = EngineConfig(
         model=str(model.path),
