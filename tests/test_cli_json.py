@@ -21,7 +21,7 @@ CATALOG_KEYS = {"alias", "repo_id", "kind", "params", "bits", "size_bytes", "con
 MODEL_KEYS = {"name", "repo_id", "alias", "source", "path", "revision", "refs", "size_on_disk",
               "complete", "model_type", "architecture_supported", "quant_bits", "dtype",
               "param_count", "context_window", "tool_format", "thinking", "last_used",
-              "shard"}  # fmt: skip
+              "shard", "vision"}  # fmt: skip
 
 
 @pytest.fixture
@@ -80,7 +80,7 @@ def test_list_json_and_names(store: Path, capsys: pytest.CaptureFixture[str]) ->
 def test_info_json(store: Path, capsys: pytest.CaptureFixture[str]) -> None:
     info = _json(["models", "info", "qwen3-4b", "--json"], capsys)
     assert set(info) >= MODEL_KEYS | {"test_model", "problems", "template_features", "files"}
-    assert info["test_model"] is False and info["thinking"] is True
+    assert info["test_model"] is False and info["thinking"] is True and info["vision"] is False
     assert "tools" in info["template_features"] and "config.json" in info["files"]
 
 

@@ -28,6 +28,7 @@ from mlxlaunch.engine.types import (
 )
 from mlxlaunch.protocol.openai_responses import ResponsesRequest
 from mlxlaunch.protocol.sse import parse_frames
+from mlxlaunch.server.images import TEXT_ONLY
 from mlxlaunch.server.responses_mapping import (
     client_call_id,
     engine_call_id,
@@ -355,7 +356,7 @@ def test_codex_history_maps_to_chat_messages() -> None:
         request,
         request.items,
         request_id="resp_1",
-        accepts_images=False,
+        images=TEXT_ONLY,
         thinks=True,
         context_window=40960,
     )
@@ -395,7 +396,7 @@ def test_reasoning_joins_the_assistant_turn_it_precedes() -> None:
         request,
         request.items,
         request_id="r",
-        accepts_images=False,
+        images=TEXT_ONLY,
         thinks=True,
         context_window=None,
     )
@@ -415,7 +416,7 @@ def test_stream_events_for_reasoning_and_a_streamed_call() -> None:
         request,
         request.items,
         request_id="r",
-        accepts_images=False,
+        images=TEXT_ONLY,
         thinks=True,
         context_window=None,
     )
@@ -462,7 +463,7 @@ def test_a_failure_mid_stream_ends_with_response_failed() -> None:
             _request(input="x"),
             [],
             request_id="r",
-            accepts_images=False,
+            images=TEXT_ONLY,
             thinks=False,
             context_window=None,
         )[1],

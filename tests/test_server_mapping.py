@@ -7,9 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pictures import anthropic_block, png
 
 from mlxlaunch.engine.types import ChatMessage, InvalidRequest, ToolCallRecord, ToolChoice
 from mlxlaunch.protocol.requests import CountTokensRequest, MessagesRequest
+from mlxlaunch.server.images import ImageAccess
 from mlxlaunch.server.mapping import shows_thinking, to_generation_request
 
 
@@ -196,7 +198,7 @@ def test_kinds() -> None:
 
 def test_media_is_marked_not_dropped() -> None:
     content = [
-        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}},
+        anthropic_block(png(2, 2)),
         {
             "type": "document",
             "source": {"type": "text", "media_type": "text/plain", "data": "doc body"},
@@ -209,7 +211,7 @@ def test_media_is_marked_not_dropped() -> None:
         _map(messages=messages)
     body = {"model": "m", "max_tokens": 9, "messages": messages}
     request = MessagesRequest.model_validate(body)
-    user = to_generation_request(request, accepts_images=True).messages[0]
+    user = to_generation_request(request, images=ImageAccess(sees_images=True)).messages[0]
     assert (
         "[image omitted]" in user.content
         and "doc body" in user.content

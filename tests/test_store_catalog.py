@@ -23,7 +23,7 @@ def test_catalog_entries_are_valid() -> None:
         assert "/" not in e.alias  # an alias must never be mistaken for a repo id
         assert REPO_SHAPE.match(e.repo_id), e.repo_id
         assert f"{e.bits}bit" in e.repo_id, e  # the repo name states its quantisation
-        assert e.kind in ("coder", "general")
+        assert e.kind in ("coder", "general", "vision")
         assert 0.5e9 < e.size_bytes < 200e9
         assert e.context_window >= 32_768  # Claude Code's prompt alone is ~20k tokens
         assert e.memory_bytes > e.size_bytes
@@ -103,3 +103,16 @@ def test_this_machine_names_a_backend() -> None:
 def test_this_machines_recommendation_weighs_its_compute() -> None:
     here = this_machine()
     assert recommend() == recommend(memory_fit(0).total, compute=here)
+
+
+def test_vision_models_are_suggested_only_when_asked_for() -> None:
+    from mlxlaunch.store.catalog import vision_pick
+
+    vision = [e for e in CATALOG if e.kind == "vision"]
+    assert vision, "the catalog names a vision model for text-only models' refusals"
+    for memory in (8, 16, 64, 512):
+        picked = recommend(memory * 1024**3)
+        assert picked is not None and picked.kind != "vision"
+        assert recommend(memory * 1024**3, kind="vision") in vision
+    assert vision_pick(1024**3) == min(vision, key=lambda e: e.size_bytes)  # none fits
+    assert vision_pick(64 * 1024**3).kind == "vision"

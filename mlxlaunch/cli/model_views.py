@@ -187,6 +187,13 @@ def _sampling(stated: dict[str, float | int], ignored: list[str]) -> str:
     return f"{text}; ignored: {'; '.join(ignored)}" if ignored else text
 
 
+def _images(vision: bool) -> str:
+    if not vision:
+        return "no (a text-only model: images sent to it get a 400)"
+    # The engine loads through mlx-lm, which drops the tower (issue 34 brings mlx-vlm).
+    return "yes, a vision model; served text-only in this release (images get a 400)"
+
+
 def _shard_note(shard: str | None) -> str:
     return f" (shard {shard}: the files of these pipeline ranks only)" if shard else ""
 
@@ -209,6 +216,7 @@ def info_fields(data: dict[str, Any]) -> list[tuple[str, str]]:
         ("context", _tokens(data["context_window"])),
         ("tool format", data["tool_format"] or "none found"),
         ("thinking", yes_no(data["thinking"])),
+        ("images", _images(data["vision"])),
         ("template", _words(data["template_features"])),
         ("sampling", _sampling(data["sampling_defaults"], data["sampling_ignored"])),
         ("memory", data["memory"]),

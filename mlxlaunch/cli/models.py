@@ -539,7 +539,7 @@ def _compute(backend: str | None) -> Compute:
 @models_app.command("recommend", short_help="The best catalog model for this machine.")
 def recommend_command(
     memory: MemoryOpt = None,
-    kind: Annotated[str | None, typer.Option("--kind", help="coder or general.")] = None,
+    kind: Annotated[str | None, typer.Option("--kind", help="coder, general or vision.")] = None,
     compute: Annotated[
         str | None,
         typer.Option(

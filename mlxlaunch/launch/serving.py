@@ -41,6 +41,7 @@ from mlxlaunch.launch.warm import warm_up_in_background
 from mlxlaunch.protocol.limits import plain_model_id
 from mlxlaunch.server.app import ServerSettings
 from mlxlaunch.server.runner import DEFAULT_DRAIN_S, ServerHandle, start_server
+from mlxlaunch.store.catalog import vision_pick
 from mlxlaunch.store.memory import system_memory_bytes, usable_memory
 from mlxlaunch.store.resolve import resolve_model
 
@@ -138,6 +139,8 @@ def serving(
     if engine_options.speculate == "draft" and not engine_options.draft_model and small_model:
         # The small model drafts for the main one too: one set of weights, used twice.
         engine_options = replace(engine_options, draft_model=small_model)
+    if settings.vision_model is None:  # what a text-only model's refusal of an image names
+        settings = dataclasses.replace(settings, vision_model=vision_pick().alias)
     draft = engine_options.draft_model
     config = EngineConfig(
         model=str(model.path),

@@ -114,7 +114,9 @@ class ToolMessage(WireModel):
 
     role: Literal["tool"]
     tool_call_id: Name
-    content: StrictStr | Parts
+    # Text parts by OpenAI's spec; image parts too, as clients that pass a tool's picture
+    # on send them (a text-only model reads a placeholder instead).
+    content: StrictStr | Annotated[list[UserPart], Field(max_length=limits.MAX_BLOCKS)]
 
 
 ChatMessage = Annotated[

@@ -357,7 +357,7 @@ class ChatCompletionsApi:
                     # Before the first load nothing is known: the engine lowers the cap to
                     # what fits, and a thinking request goes to the template as it is.
                     context_window=info.context_window if info else limits.MAX_OUTPUT_TOKENS,
-                    accepts_images=bool(info is not None and info.vision),
+                    images=self.settings.image_access(info),
                     model_thinks=info is None or info.has_thinking,
                 )
             )

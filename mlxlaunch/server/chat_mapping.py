@@ -50,6 +50,7 @@ from mlxlaunch.protocol.openai_chat import (
 )
 from mlxlaunch.protocol.responses import ModelEntry
 from mlxlaunch.server.call_arguments import history_arguments
+from mlxlaunch.server.images import TEXT_ONLY, ImageAccess, ImageCheck, url_image
 from mlxlaunch.server.mapping import BLOCK_SEPARATOR
 
 log = logging.getLogger("mlxlaunch.server")
@@ -113,7 +114,7 @@ def to_generation_request(
     *,
     request_id: str,
     context_window: int,
-    accepts_images: bool = False,
+    images: ImageAccess = TEXT_ONLY,
     model_thinks: bool = False,
 ) -> GenerationRequest:
     """Map a validated Chat Completions body to the engine's request.
@@ -123,7 +124,8 @@ def to_generation_request(
         request_id: the engine request id (the answer's `chatcmpl-…` id).
         context_window: the model's window: the output cap when the client sets none (the
             engine lowers it to what the prompt leaves, as OpenAI's default does).
-        accepts_images: the loaded model is a vision model; otherwise image parts are a 400.
+        images: whether the model sees images, and their limits (`server.images`): a user's
+            image to a text-only model is a 400, one in a tool message a placeholder.
         model_thinks: the model has a thinking mode for `reasoning_effort` to switch on.
 
     Raises:
@@ -145,7 +147,7 @@ def to_generation_request(
         seed=req.seed,
     )
     return GenerationRequest(
-        messages=conversation(req.messages, accepts_images=accepts_images),
+        messages=conversation(req.messages, ImageCheck(images)),
         max_tokens=req.output_limit or context_window,
         tools=offered_tools(req.tools or [], request_id),
         tool_choice=tool_choice(req),
@@ -206,17 +208,18 @@ def wants_thinking(req: ChatCompletionRequest) -> bool:
 
 def conversation(
     messages: Sequence[SystemMessage | UserMessage | AssistantMessage | ToolMessage],
-    *,
-    accepts_images: bool = False,
+    images: ImageCheck | None = None,
 ) -> list[ChatMessage]:
     """Turn Chat Completions messages into chat-template messages, in order.
 
     `system`/`developer` messages stay in place (consecutive ones merge); the tool messages
     after an assistant turn are rendered in the order the assistant issued its calls (what
-    templates and models expect, whatever order the client sent them in).
+    templates and models expect, whatever order the client sent them in). Images go through
+    `images` (None: a text-only model's).
     """
+    images = images or ImageCheck(TEXT_ONLY)
     out: list[ChatMessage] = []
-    calls = _OpenCalls()
+    calls = _OpenCalls(images)
     for index, message in enumerate(messages):
         if isinstance(message, ToolMessage):
             calls.answer(index, message)
@@ -235,7 +238,7 @@ def conversation(
             out.append(turn)
         else:
             calls.check_all_answered()
-            out.append(_user_message(index, message, accepts_images=accepts_images))
+            out.append(_user_message(index, message, images))
     out.extend(calls.take_results())
     return out
 
@@ -243,7 +246,8 @@ def conversation(
 class _OpenCalls:
     """The calls of the latest assistant turn and the tool messages answering them so far."""
 
-    def __init__(self) -> None:
+    def __init__(self, images: ImageCheck) -> None:
+        self._images = images
         self._calls: list[ToolCallRecord] = []
         self._answered: set[str] = set()
         self._results: list[tuple[int, ChatMessage]] = []  # (call position, message)
@@ -262,9 +266,10 @@ class _OpenCalls:
                     "more than once"
                 )
             self._answered.add(call_id)
-            result = ChatMessage(
-                role="tool", content=_text(message.content), tool_call_id=call.id, name=call.name
-            )
+            content = message.content
+            if not isinstance(content, str):
+                content = _parts_text(f"messages.{index}.content", content, self._images, True)
+            result = ChatMessage(role="tool", content=content, tool_call_id=call.id, name=call.name)
             self._results.append((position, result))
             return
         raise InvalidRequest(
@@ -312,26 +317,38 @@ def _refusal(part: RefusalPart) -> str:
     return part.refusal
 
 
-def _user_message(index: int, message: UserMessage, *, accepts_images: bool) -> ChatMessage:
+def _user_message(index: int, message: UserMessage, images: ImageCheck) -> ChatMessage:
     content = message.content
     if isinstance(content, str):
         return ChatMessage(role="user", content=content)
+    return ChatMessage(
+        role="user", content=_parts_text(f"messages.{index}.content", content, images, False)
+    )
+
+
+def _parts_text(
+    where: str,
+    parts: Sequence[TextPart | ImageUrlPart | AudioPart | FilePart],
+    images: ImageCheck,
+    in_tool_result: bool,
+) -> str:
     texts: list[str] = []
-    for part in content:
+    for number, part in enumerate(parts):
         if isinstance(part, TextPart):
             texts.append(part.text)
         elif isinstance(part, ImageUrlPart):
-            if not accepts_images:
-                raise InvalidRequest(
-                    f"messages.{index}: this model does not accept images (image parts need "
-                    "a vision model)"
-                )
-            texts.append("[image omitted]")  # the engine's messages are text-only
+            url = part.image_url.get("url")
+            image = url_image(
+                f"{where}.{number}.image_url.url",
+                url if isinstance(url, str) else None,
+                in_tool_result=in_tool_result,
+            )
+            texts.append(images.placeholder(image))
         elif isinstance(part, AudioPart):
             texts.append("[audio omitted]")
         elif isinstance(part, FilePart):
             texts.append("[file omitted]")
-    return ChatMessage(role="user", content=BLOCK_SEPARATOR.join(texts))
+    return BLOCK_SEPARATOR.join(texts)
 
 
 def _text(content: str | list[TextPart]) -> str:

@@ -29,6 +29,7 @@ from mlxlaunch.protocol.context_management import (
 )
 from mlxlaunch.protocol.requests import CountTokensRequest, InputMessage
 from mlxlaunch.server import context_edits
+from mlxlaunch.server.images import ImageAccess
 from mlxlaunch.server.mapping import to_generation_request
 
 BodyT = TypeVar("BodyT", bound=CountTokensRequest)
@@ -64,7 +65,7 @@ async def manage_context(
     body: BodyT,
     engine: CountsTokens,
     *,
-    accepts_images: bool,
+    images: ImageAccess,
     count_original: bool = False,
     step_tokens: int | None = None,
 ) -> EditedContext[BodyT]:
@@ -73,7 +74,7 @@ async def manage_context(
     Args:
         body: the validated request.
         engine: counts a mapped request's prompt tokens exactly.
-        accepts_images: as for `to_generation_request`.
+        images: as for `to_generation_request`.
         count_original: count the unedited prompt even if no edit needs it (count_tokens).
         step_tokens: the least a tool-result clearing removes at once (see context_edits;
             None: its DEFAULT_STEP_TOKENS); a request's `clear_at_least` raises it, and 0
@@ -82,7 +83,7 @@ async def manage_context(
     management = body.context_management
     if management is None:
         return EditedContext(body)
-    meter = _Meter(body, engine, accepts_images)
+    meter = _Meter(body, engine, images)
     messages: list[InputMessage] = list(body.messages)
     if count_original:
         await meter.count(messages)
@@ -130,10 +131,10 @@ async def _clear_tool_uses(
 class _Meter:
     """Exact prompt counts of versions of one request (each version counted once)."""
 
-    def __init__(self, body: CountTokensRequest, engine: CountsTokens, accepts_images: bool):
+    def __init__(self, body: CountTokensRequest, engine: CountsTokens, images: ImageAccess):
         self._body = body
         self._engine = engine
-        self._accepts_images = accepts_images
+        self._images = images
         self._counted: list[tuple[list[InputMessage], int]] = []  # a few versions at most
         self.first: int | None = None  # the count of the first version counted
 
@@ -143,9 +144,7 @@ class _Meter:
                 return tokens
         body = self._body.model_copy(update={"messages": messages})
         # Off the event loop, as every mapping is: a body of many messages takes seconds.
-        request = await asyncio.to_thread(
-            partial(to_generation_request, body, accepts_images=self._accepts_images)
-        )
+        request = await asyncio.to_thread(partial(to_generation_request, body, images=self._images))
         try:
             tokens = await self._engine.count_tokens(request)
         except PromptTooLong as exc:

@@ -38,6 +38,13 @@ from mlxlaunch.protocol.requests import (
     ToolResultPart,
     ToolUseBlock,
 )
+from mlxlaunch.server.images import (
+    IMAGE_PLACEHOLDER,
+    TEXT_ONLY,
+    ImageAccess,
+    ImageCheck,
+    anthropic_image,
+)
 
 BILLING_HEADER_PREFIX = "x-anthropic-billing-header:"
 BLOCK_SEPARATOR = "\n\n"
@@ -62,7 +69,7 @@ def to_generation_request(
     req: MessagesRequest | CountTokensRequest,
     *,
     request_id: str = "",
-    accepts_images: bool = False,
+    images: ImageAccess = TEXT_ONLY,
 ) -> GenerationRequest:
     """Map a validated request body to the engine's request.
 
@@ -71,19 +78,18 @@ def to_generation_request(
     Args:
         req: the validated body.
         request_id: the engine request id (the response's `msg_…` id).
-        accepts_images: the loaded model is a vision model; otherwise image blocks are a 400.
+        images: whether the model sees images, and their limits (`server.images`): a user's
+            image to a text-only model is a 400, one in a tool result a placeholder.
 
     Raises:
         InvalidRequest: the conversation is inconsistent (a tool_result for an unknown call, a
             call left without its result) or holds images the model cannot read.
     """
-    if not accepts_images:
-        _refuse_images(req.messages)
     system_text = system_prompt(req.system or [])
     messages: list[ChatMessage] = []
     if system_text:
         messages.append(ChatMessage(role="system", content=system_text))
-    messages.extend(conversation(req.messages))
+    messages.extend(conversation(req.messages, ImageCheck(images)))
 
     tools = [
         ToolSpec(
@@ -136,17 +142,21 @@ def system_prompt(blocks: Sequence[TextBlock]) -> str:
     return BLOCK_SEPARATOR.join(t for t in kept if t)
 
 
-def conversation(turns: Iterable[InputMessage]) -> list[ChatMessage]:
+def conversation(
+    turns: Iterable[InputMessage], images: ImageCheck | None = None
+) -> list[ChatMessage]:
     """Turn Anthropic messages into chat-template messages, in order.
 
     tool_use blocks become the assistant's `tool_calls`; each tool_result becomes a `tool`
     message; thinking blocks become the assistant's `reasoning`; `system` turns stay in place
-    (consecutive ones merge) and are never folded into the top-level system prompt.
+    (consecutive ones merge) and are never folded into the top-level system prompt. Images
+    go through `images` (None: a text-only model's).
     """
+    images = images or ImageCheck(TEXT_ONLY)
     calls = _OpenCalls()
     out: list[ChatMessage] = []
     answered_by_user = False  # a user turn followed the latest assistant turn
-    for turn in turns:
+    for index, turn in enumerate(turns):
         if turn.role == "assistant":
             calls.check_all_answered()
             message = _assistant_message(turn)
@@ -160,7 +170,7 @@ def conversation(turns: Iterable[InputMessage]) -> list[ChatMessage]:
             else:
                 out.append(ChatMessage(role="system", content=text))
         else:
-            out.extend(_user_messages(turn, calls))
+            out.extend(_user_messages(f"messages.{index}", turn, calls, images))
             answered_by_user = True
     if answered_by_user:  # the final user turn must answer the calls before it, too
         calls.check_all_answered()
@@ -231,15 +241,17 @@ def _assistant_message(turn: InputMessage) -> ChatMessage:
     )
 
 
-def _user_messages(turn: InputMessage, calls: _OpenCalls) -> list[ChatMessage]:
-    """A user turn: its tool results as tool messages, in the order the calls were issued,
-    then its text (and documents) as one user message."""
+def _user_messages(
+    where: str, turn: InputMessage, calls: _OpenCalls, images: ImageCheck
+) -> list[ChatMessage]:
+    """A user turn (at `where` in the body): its tool results as tool messages, in the order
+    the calls were issued, then its text (and documents) as one user message."""
     results: list[tuple[int, ChatMessage]] = []
     texts: list[str] = []
-    for block in turn.content:
+    for number, block in enumerate(turn.content):
         if isinstance(block, ToolResultBlock):
             position, call = calls.answer(block)
-            text = tool_result_text(block.content)
+            text = tool_result_text(block.content, images, f"{where}.content.{number}.content")
             results.append(
                 (
                     position,
@@ -254,7 +266,10 @@ def _user_messages(turn: InputMessage, calls: _OpenCalls) -> list[ChatMessage]:
             )
         elif isinstance(block, TextBlock):
             texts.append(block.text)
-        elif isinstance(block, ImageBlock | DocumentBlock):
+        elif isinstance(block, ImageBlock):
+            image = anthropic_image(f"{where}.content.{number}", block.source, in_tool_result=False)
+            texts.append(images.placeholder(image))
+        elif isinstance(block, DocumentBlock):
             texts.append(_media_placeholder(block))
         # thinking blocks in a user turn carry nothing the model should see
     out = [message for _, message in sorted(results, key=lambda item: item[0])]
@@ -263,25 +278,26 @@ def _user_messages(turn: InputMessage, calls: _OpenCalls) -> list[ChatMessage]:
     return out
 
 
-def tool_result_text(parts: Sequence[ToolResultPart]) -> str:
+def tool_result_text(
+    parts: Sequence[ToolResultPart], images: ImageCheck | None = None, where: str = ""
+) -> str:
     """The text a tool returned (text parts joined; media as placeholders).
 
-    Images inside a tool result become a placeholder rather than a 400: a tool (Claude Code's
-    Read on a picture) chose to return one, and refusing would wedge the whole conversation,
-    since every later request carries the same result.
+    Images inside a tool result become a placeholder even for a text-only model, never a
+    400 (`ImageCheck.placeholder`); a vision model's are checked against the limits, `where`
+    (the result's `content` field) naming the part that breaks one.
     """
-    return BLOCK_SEPARATOR.join(
-        p.text if isinstance(p, TextBlock) else _media_placeholder(p) for p in parts
-    )
-
-
-def _refuse_images(turns: Iterable[InputMessage]) -> None:
-    for index, turn in enumerate(turns):
-        if any(isinstance(block, ImageBlock) for block in turn.content):
-            raise InvalidRequest(
-                f"messages.{index}: this model does not accept images (image blocks need a "
-                "vision model)"
-            )
+    images = images or ImageCheck(TEXT_ONLY)
+    texts = []
+    for number, part in enumerate(parts):
+        if isinstance(part, TextBlock):
+            texts.append(part.text)
+        elif isinstance(part, ImageBlock):
+            image = anthropic_image(f"{where}.{number}", part.source, in_tool_result=True)
+            texts.append(images.placeholder(image))
+        else:
+            texts.append(_media_placeholder(part))
+    return BLOCK_SEPARATOR.join(texts)
 
 
 def bounded_strings(schema: dict[str, Any], max_chars: int) -> dict[str, Any]:
@@ -316,7 +332,7 @@ def _media_placeholder(block: object) -> str:
             return f"{title}{source['data']}"
         return f"[document{': ' + block.title if block.title else ''} omitted]"
     if isinstance(block, ImageBlock):
-        return "[image omitted]"
+        return IMAGE_PLACEHOLDER
     return ""
 
 

@@ -78,15 +78,15 @@ class MessagesApi:
         self, request: Request, body: MessagesRequest, turn: ThreadTurn | None
     ) -> Response:
         message_id = new_message_id()
-        images = self._accepts_images(body.model)
-        context = await manage_context(body, self.engine, accepts_images=images)
+        images = self.settings.image_access(self.engine.model_info_for(body.model))
+        context = await manage_context(body, self.engine, images=images)
         # Off the event loop: a body of many messages takes seconds to map.
         gen = await asyncio.to_thread(
             partial(
                 to_generation_request,
                 context.body,
                 request_id=message_id,
-                accepts_images=images,
+                images=images,
             )
         )
         if turn is not None:  # its next turn continues this conversation: keep its KV
@@ -114,12 +114,10 @@ class MessagesApi:
     async def count_tokens(self, request: Request) -> Response:
         body = await parse_body(request, CountTokensRequest)
         try:
-            images = self._accepts_images(body.model)
-            context = await manage_context(
-                body, self.engine, accepts_images=images, count_original=True
-            )
+            images = self.settings.image_access(self.engine.model_info_for(body.model))
+            context = await manage_context(body, self.engine, images=images, count_original=True)
             gen = await asyncio.to_thread(
-                partial(to_generation_request, context.body, accepts_images=images)
+                partial(to_generation_request, context.body, images=images)
             )
             count = await self.engine.count_tokens(gen)
         except Exception as exc:
@@ -128,10 +126,6 @@ class MessagesApi:
             input_tokens=count, context_management=context.count_tokens_answer(count)
         )
         return JSONResponse(answer.model_dump())
-
-    def _accepts_images(self, model_id: str) -> bool:
-        info = self.engine.model_info_for(model_id)
-        return bool(info is not None and info.vision)
 
 
 @dataclass

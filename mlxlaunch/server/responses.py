@@ -102,7 +102,7 @@ class ResponsesApi:
                 body,
                 items,
                 request_id=response_id,
-                accepts_images=bool(info and info.vision),
+                images=self.settings.image_access(info),
                 thinks=info is None or info.has_thinking,  # unknown before the load
                 context_window=info.context_window if info else None,
             )

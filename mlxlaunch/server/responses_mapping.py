@@ -47,6 +47,7 @@ from mlxlaunch.protocol.openai_responses import (
     ToolChoiceFunction,
 )
 from mlxlaunch.server.call_arguments import history_arguments
+from mlxlaunch.server.images import TEXT_ONLY, ImageAccess, ImageCheck, url_image
 
 log = logging.getLogger("mlxlaunch.server")
 
@@ -136,7 +137,7 @@ def to_generation_request(
     items: Sequence[InputItem],
     *,
     request_id: str,
-    accepts_images: bool,
+    images: ImageAccess,
     thinks: bool,
     context_window: int | None,
 ) -> tuple[GenerationRequest, ToolNames]:
@@ -148,7 +149,7 @@ def to_generation_request(
             for a model without vision, arguments that are not a JSON object.
     """
     tools, names = function_tools(body)
-    messages = conversation(items, names, accepts_images=accepts_images)
+    messages = conversation(items, names, ImageCheck(images))
     if body.instructions:
         if messages and messages[0].role == "system":
             messages[0].content = PART_SEPARATOR.join((body.instructions, messages[0].content))
@@ -198,9 +199,9 @@ def request_kind(messages: list[ChatMessage], tools: list[ToolSpec]) -> RequestK
 class _Conversation:
     """Messages being built, with the open assistant turn's calls and their outputs."""
 
-    def __init__(self, names: ToolNames, accepts_images: bool) -> None:
+    def __init__(self, names: ToolNames, images: ImageCheck) -> None:
         self.names = names
-        self.accepts_images = accepts_images
+        self.images = images
         self.out: list[ChatMessage] = []
         self.assistant: ChatMessage | None = None  # the run of assistant items being read
         self.calls: list[ToolCallRecord] = []  # the latest assistant turn's calls
@@ -230,7 +231,7 @@ class _Conversation:
         return self.assistant
 
     def _message(self, index: int, item: MessageItem) -> None:
-        text = self._text(index, item.content)
+        text = self._text(f"input.{index}.content", item.content)
         if item.role == "assistant":
             turn = self._open_assistant()
             turn.content += text
@@ -265,7 +266,9 @@ class _Conversation:
             )
         if call.id in self.results:
             raise InvalidRequest(f"input.{index}: a second output for call_id {item.call_id!r}")
-        output = item.output if isinstance(item.output, str) else self._text(index, item.output)
+        output = item.output
+        if not isinstance(output, str):  # a tool's picture (Codex's view_image): a placeholder
+            output = self._text(f"input.{index}.output", output, in_tool_result=True)
         self.results[call.id] = ChatMessage(
             role="tool", content=output, tool_call_id=call.id, name=call.name
         )
@@ -287,32 +290,34 @@ class _Conversation:
         self.out.extend(self.results[c.id] for c in self.calls)
         self.calls, self.results = [], {}
 
-    def _text(self, index: int, content: str | list[ContentPart]) -> str:
+    def _text(
+        self, where: str, content: str | list[ContentPart], *, in_tool_result: bool = False
+    ) -> str:
         if isinstance(content, str):
             return content
         texts: list[str] = []
-        for part in content:
+        for number, part in enumerate(content):
             if isinstance(part, InputText | OutputText):
                 texts.append(part.text)
             elif isinstance(part, Refusal):
                 texts.append(part.refusal)
             elif isinstance(part, InputImage):
-                if not self.accepts_images:
-                    raise InvalidRequest(
-                        f"input.{index}: this model does not accept images (input_image needs "
-                        "a vision model)"
-                    )
-                texts.append("[image omitted]")
+                key = "image_url" if part.image_url else "file_id"
+                image = url_image(
+                    f"{where}.{number}.{key}", part.image_url, in_tool_result=in_tool_result
+                )
+                texts.append(self.images.placeholder(image))
             else:
                 self.ignored.add(f"{part.type or '?'} part")
         return PART_SEPARATOR.join(texts)
 
 
 def conversation(
-    items: Sequence[InputItem], names: ToolNames, *, accepts_images: bool = False
+    items: Sequence[InputItem], names: ToolNames, images: ImageCheck | None = None
 ) -> list[ChatMessage]:
-    """The chat-template messages for `items`, in order."""
-    built = _Conversation(names, accepts_images)
+    """The chat-template messages for `items`, in order (images through `images`; None: a
+    text-only model's)."""
+    built = _Conversation(names, images or ImageCheck(TEXT_ONLY))
     for index, item in enumerate(items):
         built.add(index, item)
     built._end_assistant()

@@ -14,6 +14,7 @@ from typing import Protocol
 from mlxlaunch.engine.types import EngineEvent, GenerationRequest, ModelInfo
 from mlxlaunch.server.conversation_files import ThreadLimits
 from mlxlaunch.server.guards import HttpLimits
+from mlxlaunch.server.images import ImageAccess, ImageLimits
 from mlxlaunch.server.safeguards import SAFEGUARDS_MIN_PARAMETERS
 
 
@@ -75,3 +76,15 @@ class ServerSettings:
     # False (`--no-safeguards`), or a model under the minimum size, answers "unavailable".
     safeguards: bool = True
     safeguards_min_parameters: int = SAFEGUARDS_MIN_PARAMETERS
+    # Images (server/images.py): their limits, and the vision model a text-only model's
+    # refusal names (launch/ fills it from the store's catalog; None names none).
+    image_limits: ImageLimits = field(default_factory=ImageLimits)
+    vision_model: str | None = None
+
+    def image_access(self, info: ModelInfo | None) -> ImageAccess:
+        """What images the loaded model (`info`; None before the first load) may be sent."""
+        return ImageAccess(
+            sees_images=info is not None and info.vision,
+            limits=self.image_limits,
+            vision_model=self.vision_model,
+        )

@@ -30,7 +30,7 @@ class CatalogEntry:
 
     alias: str
     repo_id: str
-    kind: str  # "coder" or "general"
+    kind: str  # "coder", "general" or "vision" (reads images too)
     params: str  # as the model's authors name it, e.g. "30B-A3B"
     bits: int
     size_bytes: int
@@ -92,7 +92,14 @@ CATALOG: tuple[CatalogEntry, ...] = (
                  "8B", 4, _gb(4.6), 40_960, 45, "thinking + tools", kv=KVShape(36, 8, 128)),
     CatalogEntry("qwen3-4b", "mlx-community/Qwen3-4B-4bit", "general",
                  "4B", 4, _gb(2.3), 40_960, 25, "thinking + tools", kv=KVShape(36, 8, 128)),
+    # Vision models (mlx-vlm, the `vision` extra): recommended only when asked for by kind.
+    CatalogEntry("qwen2.5-vl-7b", "mlx-community/Qwen2.5-VL-7B-Instruct-4bit", "vision",
+                 "7B", 4, _gb(5.6), 128_000, 35, "sees images", kv=KVShape(28, 4, 128)),
+    CatalogEntry("qwen2.5-vl-3b", "mlx-community/Qwen2.5-VL-3B-Instruct-4bit", "vision",
+                 "3B", 4, _gb(3.1), 128_000, 15, "sees images", kv=KVShape(36, 2, 128)),
 )  # fmt: skip
+
+VISION = "vision"
 
 
 def catalog_entry(alias: str) -> CatalogEntry | None:
@@ -150,7 +157,8 @@ def recommendation(
 
     Args:
         total_memory: bytes of RAM; None reads this machine's.
-        kind: restrict to "coder" or "general" models.
+        kind: restrict to "coder", "general" or "vision" models (None: coder or general;
+            a vision model is picked only when asked for).
         entries: the catalog to choose from (tests pass their own).
         compute: the machine's backend and cores. None: this machine's when `total_memory`
             is None too, else memory alone. On a CPU-only machine the models that fit but
@@ -162,7 +170,8 @@ def recommendation(
     fitting = [
         e
         for e in entries
-        if (kind is None or e.kind == kind) and memory_fit(e.size_bytes, total_memory).fits
+        if (e.kind == kind if kind is not None else e.kind != VISION)
+        and memory_fit(e.size_bytes, total_memory).fits
     ]
     if not fitting:
         return None
@@ -206,6 +215,7 @@ def small_recommendation(
         e
         for e in entries
         if e is not beside
+        and e.kind != VISION  # the haiku tier reads and writes text
         and e.size_bytes <= SMALL_MODEL_MAX_BYTES
         and e.size_bytes < beside.size_bytes
         and memory_fit(beside.size_bytes + e.size_bytes, total_memory).fits
@@ -216,6 +226,13 @@ def small_recommendation(
     return Recommendation(
         pick, memory_fit(beside.size_bytes + pick.size_bytes, total_memory), compute
     )
+
+
+def vision_pick(total_memory: int | None = None) -> CatalogEntry:
+    """The vision model to suggest for this machine (the smallest when none fits), named
+    where a text-only model refuses an image."""
+    found = recommend(total_memory, kind=VISION)
+    return found or min((e for e in CATALOG if e.kind == VISION), key=lambda e: e.size_bytes)
 
 
 def recommend(
@@ -240,4 +257,5 @@ __all__ = [
     "recommend",
     "recommendation",
     "small_recommendation",
+    "vision_pick",
 ]

@@ -74,6 +74,7 @@ class ModelFacts:
     template: TemplateFeatures = field(default_factory=TemplateFeatures)
     sampling_defaults: SamplingDefaults = NO_DEFAULTS  # generation_config.json's
     kv: KVShape | None = None  # what one token's KV holds (config.json's layers and heads)
+    vision: bool = False  # a vision model: config.json describes a vision tower
 
     def problems(self) -> list[str]:
         """Reasons mlx-lm could not load this model; empty when it looks loadable."""
@@ -298,4 +299,5 @@ def read_facts(path: Path) -> ModelFacts:
         template=template_features(template),
         sampling_defaults=read_sampling_defaults(path),
         kv=kv_shape_of(config),
+        vision=isinstance(config.get("vision_config"), dict),
     )

@@ -62,6 +62,7 @@ class LocalModel:
             "context_window": f.context_window,
             "tool_format": f.tool_format,
             "thinking": f.thinking,
+            "vision": f.vision,
             "last_used": self.last_used,
         }
 

@@ -182,9 +182,9 @@ def build_model(
             for name, value in parameters
         }
     mx.save_safetensors(str(path / WEIGHTS_FILE), tensors, metadata={"format": "mlx"})
-    _write_json(path / WEIGHTS_INDEX_FILE, weights_index(tensors, WEIGHTS_FILE))
-    _write_json(path / "config.json", config)
-    _settle_modes(path, existing)
+    write_json(path / WEIGHTS_INDEX_FILE, weights_index(tensors, WEIGHTS_FILE))
+    write_json(path / "config.json", config)
+    settle_modes(path, existing)
     return path
 
 
@@ -202,14 +202,14 @@ def weights_index(weights: dict[str, mx.array], file: str) -> dict[str, Any]:
     }
 
 
-def _write_json(path: Path, content: dict[str, Any]) -> None:
+def write_json(path: Path, content: dict[str, Any]) -> None:
     path.write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
 
 
 MODEL_FILE_MODE = 0o644  # readable by all, writable by this user (like SHARED_DIR_MODE)
 
 
-def _settle_modes(path: Path, existing: set[str]) -> None:
+def settle_modes(path: Path, existing: set[str]) -> None:
     """Give the files this build created 0644: mlx and tokenizers write with the umask's
     mode, which under `umask 000` lets anyone rewrite the weights. Files that were there
     before keep the mode their owner gave them."""

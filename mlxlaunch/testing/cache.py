@@ -50,6 +50,7 @@ class ModelRecipe:
     template: str = "qwen"
     seed: int = 0
     weights: str = "random"  # or "copy" (testing/copying.py)
+    vision: bool = False  # built by testing/vision.py (mlx-vlm's architecture), not builder.py
 
 
 TEST_MODELS: dict[str, ModelRecipe] = {
@@ -66,10 +67,19 @@ TEST_MODELS: dict[str, ModelRecipe] = {
     "copy": ModelRecipe(size="small", weights="copy"),
     # The same chain in the tiny shape (same tokenizer and seed): a draft model for "copy".
     "copy-tiny": ModelRecipe(size="tiny", weights="copy"),
+    # Qwen2.5-VL's architecture over tiny's text shape (testing/vision.py; needs mlx-vlm).
+    "tiny-vision": ModelRecipe(size="tiny-vision", template="qwen_vl", vision=True),
 }
 
 # Files whose content decides what the builder writes.
-_BUILDER_INPUTS = ("builder.py", "copying.py", "tokenizer.py", "templates.py", "cache.py")
+_BUILDER_INPUTS = (
+    "builder.py",
+    "copying.py",
+    "tokenizer.py",
+    "templates.py",
+    "cache.py",
+    "vision.py",
+)
 
 
 def is_test_model_name(name: str) -> bool:
@@ -149,6 +159,10 @@ def _build_atomically(recipe: ModelRecipe, target: Path, twin: Path | None = Non
     try:
         if twin is not None:
             shutil.copytree(twin, staging, dirs_exist_ok=True)  # modes too (copy2, copystat)
+        elif recipe.vision:
+            from mlxlaunch.testing.vision import build_vision_model  # mlx-vlm: only here
+
+            build_vision_model(staging, recipe.size, seed=recipe.seed)
         else:
             from mlxlaunch.testing.builder import build_model  # mlx: only when building
 

@@ -20,6 +20,8 @@ from pathlib import Path
 
 # Control tokens: special (skipped by ``decode(skip_special_tokens=True)``), as in Qwen3.
 QWEN_CONTROL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+# Qwen2-VL / Qwen2.5-VL's vision tokens (special, as in their tokenizers).
+QWEN_VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 # Markup tokens: single ids that survive decoding, as in Qwen3's tokenizer.
 QWEN_MARKUP_TOKENS = (
     "<think>",
@@ -100,6 +102,12 @@ TEMPLATE_FAMILIES: dict[str, TemplateFamily] = {
     # Same turns and tokens as "qwen"; tool calls as <function=...> and <parameter=...> lines.
     "qwen3_coder": replace(
         _QWEN, name="qwen3_coder", template_file="qwen3_coder.jinja", tool_parser="qwen3_coder"
+    ),
+    # Qwen2.5-VL's turns: "qwen" with its vision tokens (an image part renders as
+    # <|vision_start|><|image_pad|><|vision_end|>, which the processor widens to the image's
+    # grid). For the `tiny-vision` model (testing/vision.py).
+    "qwen_vl": replace(
+        _QWEN, name="qwen_vl", control_tokens=QWEN_CONTROL_TOKENS + QWEN_VISION_TOKENS
     ),
 }
 
