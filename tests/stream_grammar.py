@@ -23,7 +23,10 @@ _DELTAS_FOR_BLOCK = {
     "text": {"text_delta"},
     "thinking": {"thinking_delta", "signature_delta"},
     "tool_use": {"input_json_delta"},
+    "server_tool_use": {"input_json_delta"},  # as the API streams a web search call's query
 }
+# Blocks whose input comes as input_json_delta pieces: they start with input {}.
+_CALL_BLOCKS = ("tool_use", "server_tool_use")
 
 
 class StreamGrammarError(AssertionError):
@@ -98,7 +101,7 @@ def check_stream(frames: list[SseFrame]) -> StreamSummary:
                     f"{where}: index {data['index']}, expected {len(summary.blocks)}"
                 )
             block = dict(data["content_block"])
-            if block["type"] == "tool_use" and block.get("input") != {}:
+            if block["type"] in _CALL_BLOCKS and block.get("input") != {}:
                 raise StreamGrammarError(f"{where}: a tool_use block must start with input {{}}")
             if block["type"] == "thinking" and (block.get("thinking") or block.get("signature")):
                 raise StreamGrammarError(f"{where}: a thinking block must start empty")
@@ -128,7 +131,7 @@ def check_stream(frames: list[SseFrame]) -> StreamSummary:
             block = summary.blocks[data["index"]]
             if block["type"] == "thinking" and not block.get("signature"):
                 raise StreamGrammarError(f"{where}: thinking block stopped without a signature")
-            if block["type"] == "tool_use":
+            if block["type"] in _CALL_BLOCKS:
                 try:
                     block["input"] = json.loads("".join(json_parts)) if json_parts else {}
                 except (ValueError, RecursionError) as exc:

@@ -244,3 +244,36 @@ def test_streamed_tool_input_opens_the_block_before_the_arguments_end() -> None:
     assert [type(e).__name__ for e in opened] == ["ContentBlockStartEvent"]
     piece = blocks.feed(ToolInputDelta("toolu_s", '{"old'))
     assert [type(e).__name__ for e in piece] == ["ContentBlockDeltaEvent"]
+
+
+@pytest.mark.parametrize("with_client_call", [False, True], ids=["server-only", "mixed"])
+def test_a_server_tool_call_is_answered_by_the_server(with_client_call: bool) -> None:
+    """A call of the request's web search tool is a `server_tool_use` block and its error
+    result, the same streamed (as the SDK accumulates it) and whole; the turn ends for the
+    client only if it also has a client call to run."""
+    events: list[EngineEvent] = [
+        ToolCallStart(id="c1", name="web_search"),
+        ToolInputDelta(id="c1", partial_json='{"query": "mlx"}'),
+        ToolCallEvent(id="c1", name="web_search", arguments='{"query": "mlx"}'),
+    ]
+    if with_client_call:
+        events.append(ToolCallEvent(id="c2", name="Read", arguments='{"file_path": "a"}'))
+    events.append(_done("tool_use"))
+    blocks = ContentBlockStream(
+        message_id="msg_test", model="m", server_tools=frozenset({"web_search"})
+    )
+    sse = b"".join(encode_event(e) for event in events for e in blocks.feed(event))
+    check_stream(parse_frames(sse.decode()))
+    message = blocks.message.model_dump(mode="json")
+    assert _sdk_message(sse)["content"] == message["content"]
+    call, result, text, *rest = message["content"]
+    assert call["type"] == "server_tool_use" and call["id"].startswith("srvtoolu_")
+    assert call["input"] == {"query": "mlx"}
+    assert result == {
+        "type": "web_search_tool_result",
+        "tool_use_id": call["id"],
+        "content": {"type": "web_search_tool_result_error", "error_code": "unavailable"},
+    }
+    assert text["text"].startswith("web search is not configured: mlx config set search.backend")
+    assert [block["type"] for block in rest] == (["tool_use"] if with_client_call else [])
+    assert message["stop_reason"] == ("tool_use" if with_client_call else "end_turn")

@@ -172,13 +172,15 @@ def test_thinking_and_tool_choice() -> None:
     )
 
 
-def test_server_tools_are_not_offered() -> None:
+def test_web_search_is_offered_and_other_server_tools_are_not() -> None:
     tools = [
         {"type": "web_search_20250305", "name": "web_search"},
+        {"type": "code_execution_20250825", "name": "code_execution"},
         {"name": "Read", "description": "read", "input_schema": {"type": "object"}, "strict": True},
     ]
     gen = _map(tools=tools)
-    assert [(t.name, t.strict) for t in gen.tools] == [("Read", True)]
+    assert [(t.name, t.strict) for t in gen.tools] == [("Read", True), ("web_search", False)]
+    assert gen.tools[1].parameters["required"] == ["query"]  # the server answers its calls
 
 
 def test_title_request(fixtures_dir: Path) -> None:

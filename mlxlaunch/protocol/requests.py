@@ -156,6 +156,11 @@ class Tool(WireModel):
     def is_client_tool(self) -> bool:
         return self.type in (None, "custom")
 
+    @property
+    def is_web_search(self) -> bool:
+        """Anthropic's web search server tool (`web_search_20250305`, …)."""
+        return self.type is not None and self.type.startswith("web_search_")
+
     @model_validator(mode="after")
     def _client_tools_have_schema(self) -> Tool:
         if self.is_client_tool and self.input_schema is None:

@@ -44,8 +44,40 @@ class ResponseToolUseBlock(BaseModel):
     input: dict[str, Any] = Field(default_factory=dict)
 
 
+class ResponseServerToolUseBlock(BaseModel):
+    """A call of a server tool (`web_search`) that the server runs, not the client."""
+
+    type: Literal["server_tool_use"] = "server_tool_use"
+    id: str  # srvtoolu_…
+    name: str
+    input: dict[str, Any] = Field(default_factory=dict)
+
+
+WebSearchErrorCode = Literal[
+    "unavailable", "max_uses_exceeded", "too_many_requests", "invalid_tool_input", "query_too_long"
+]
+
+
+class WebSearchToolResultError(BaseModel):
+    type: Literal["web_search_tool_result_error"] = "web_search_tool_result_error"
+    error_code: WebSearchErrorCode
+
+
+class ResponseWebSearchToolResultBlock(BaseModel):
+    """The outcome of a `server_tool_use` web search (here: only its error, so far)."""
+
+    type: Literal["web_search_tool_result"] = "web_search_tool_result"
+    tool_use_id: str
+    content: WebSearchToolResultError
+
+
 ResponseContentBlock = Annotated[
-    ResponseTextBlock | ResponseThinkingBlock | ResponseToolUseBlock, Discriminator("type")
+    ResponseTextBlock
+    | ResponseThinkingBlock
+    | ResponseToolUseBlock
+    | ResponseServerToolUseBlock
+    | ResponseWebSearchToolResultBlock,
+    Discriminator("type"),
 ]
 
 

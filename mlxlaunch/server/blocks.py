@@ -47,11 +47,15 @@ from mlxlaunch.protocol.events import (
 from mlxlaunch.protocol.limits import shown
 from mlxlaunch.protocol.responses import (
     Message,
+    ResponseContentBlock,
+    ResponseServerToolUseBlock,
     ResponseTextBlock,
     ResponseThinkingBlock,
     ResponseToolUseBlock,
+    ResponseWebSearchToolResultBlock,
     StopReason,
     Usage,
+    WebSearchToolResultError,
 )
 from mlxlaunch.server.call_arguments import model_arguments
 
@@ -90,6 +94,12 @@ def anthropic_usage(usage: EngineUsage) -> Usage:
         cache_read_input_tokens=usage.cached_tokens,
     )
 
+
+# What a web search call answers until a backend is configured (shown to the user as text).
+WEB_SEARCH_NOT_CONFIGURED = (
+    "web search is not configured: mlx config set search.backend … "
+    "(searxng with search.url, or an API-backed one with search.api_key)"
+)
 
 # Opt-in per-request timings: with this request header set to 1 the final usage carries
 # `mlx_timings`; without it the usage object stays the plain Anthropic one.
@@ -137,6 +147,8 @@ class ContentBlockStream:
         show_thinking: False for `thinking.display: omitted` — blocks and signatures only.
         timings: add `mlx_timings` to the final usage (the client sent TIMINGS_HEADER).
         context_management: what the request's context edits cleared, for `message_delta`.
+        server_tools: names of the request's server tools (`web_search`): a call of one is a
+            `server_tool_use` block, answered by the server in a `web_search_tool_result`.
     """
 
     def __init__(
@@ -147,8 +159,10 @@ class ContentBlockStream:
         show_thinking: bool = True,
         timings: bool = False,
         context_management: ContextManagementResponse | None = None,
+        server_tools: frozenset[str] = frozenset(),
     ) -> None:
         self.message = Message(id=message_id, model=model)
+        self._server_tools = server_tools
         self._context_management = context_management
         self._show_thinking = show_thinking
         self._timings = timings
@@ -196,8 +210,15 @@ class ContentBlockStream:
             self._add_tool_call(out, event)
         elif isinstance(event, Done):
             self._close(out)
+            stop_reason = anthropic_stop_reason(event.stop_reason)
+            kinds = {type(block) for block in self.message.content}
+            only_server_calls = ResponseServerToolUseBlock in kinds and (
+                ResponseToolUseBlock not in kinds
+            )
+            if stop_reason == "tool_use" and only_server_calls:
+                stop_reason = "end_turn"  # only server tools were called: nothing for the client
             delta = MessageDeltaBody(
-                stop_reason=anthropic_stop_reason(event.stop_reason),
+                stop_reason=stop_reason,
                 stop_sequence=event.stop_sequence,
             )
             final = anthropic_usage(event.usage)
@@ -240,31 +261,54 @@ class ContentBlockStream:
             signature = thinking_signature("".join(self._thinking_text))
             self._emit(out, self._delta(SignatureDeltaPart(signature=signature)))
             self._thinking_text = []
-        if self._open == "tool_use":
+        if self._open in ("tool_use", "server_tool_use"):
             # The reduction: the block's input is its deltas taken together (as a client's
             # accumulator does), read only once they are complete.
             block = self.message.content[self._next_index - 1]
-            assert isinstance(block, ResponseToolUseBlock)
+            assert isinstance(block, ResponseToolUseBlock | ResponseServerToolUseBlock)
             block.input = tool_input("".join(self._input_parts), block.name)
             self._input_parts = []
             self._streaming_call = None
         self._emit(out, ContentBlockStopEvent(index=self._next_index - 1))
-        self._open = None
+        kind, self._open = self._open, None
+        if kind == "server_tool_use":
+            self._answer_server_tool(out, self.message.content[self._next_index - 1])
+
+    def _answer_server_tool(self, out: list[BlockEvent], call: ResponseContentBlock) -> None:
+        """No search backend runs here yet: the call's result is the API's error, and a text
+        block tells the user how to configure one (never a call silently dropped)."""
+        error = WebSearchToolResultError(error_code="unavailable")
+        assert isinstance(call, ResponseServerToolUseBlock)
+        result = ResponseWebSearchToolResultBlock(tool_use_id=call.id, content=error)
+        self._emit(out, ContentBlockStartEvent(index=self._next_index, content_block=result))
+        self._emit(out, ContentBlockStopEvent(index=self._next_index - 1))
+        log.warning("web search called, but %s", WEB_SEARCH_NOT_CONFIGURED)
+        self._ensure_open(out, "text")
+        self._emit(out, self._delta(TextDeltaPart(text=WEB_SEARCH_NOT_CONFIGURED)))
+        self._close(out)
 
     def _start_tool_call(self, out: list[BlockEvent], call_id: str, name: str) -> None:
         self._close(out)
-        block = ResponseToolUseBlock(id=call_id or new_tool_use_id(), name=name, input={})
+        block: ResponseToolUseBlock | ResponseServerToolUseBlock
+        if name in self._server_tools:
+            block = ResponseServerToolUseBlock(id=new_server_tool_use_id(), name=name, input={})
+            self._open = "server_tool_use"
+        else:
+            block = ResponseToolUseBlock(id=call_id or new_tool_use_id(), name=name, input={})
+            self._open = "tool_use"
         self._emit(out, ContentBlockStartEvent(index=self._next_index, content_block=block))
-        self._open = "tool_use"
         self._streaming_call = call_id
 
     def _add_tool_call(self, out: list[BlockEvent], call: ToolCallEvent) -> None:
         """A call ends: one that streamed closes (its deltas already are its input, unless it
         sent none); one that arrives whole is sent as one piece."""
-        if self._open == "tool_use" and self._streaming_call == call.id and self._input_parts:
+        streaming = self._open in ("tool_use", "server_tool_use") and (
+            self._streaming_call == call.id
+        )
+        if streaming and self._input_parts:
             self._close(out)
             return
-        if not (self._open == "tool_use" and self._streaming_call == call.id):
+        if not streaming:
             self._start_tool_call(out, call.id, call.name)
         arguments = tool_input(call.arguments, call.name)
         partial = json.dumps(arguments, ensure_ascii=False, separators=(",", ":"))
@@ -323,6 +367,11 @@ def tool_input(arguments: str, name: str) -> dict[str, Any]:
                     shown(name))  # fmt: skip
         return {}
     return parsed
+
+
+def new_server_tool_use_id() -> str:
+    """A fresh `srvtoolu_…` id."""
+    return "srvtoolu_" + secrets.token_hex(12)
 
 
 def new_tool_use_id() -> str:

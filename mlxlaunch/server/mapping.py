@@ -101,6 +101,7 @@ def to_generation_request(
         for tool in req.tools or []
         if tool.is_client_tool
     ]
+    tools += [web_search_spec(tool.name) for tool in req.tools or [] if tool.is_web_search]
     response_format = req.response_format
     thinking_on, budget = thinking_settings(req)
     kind = request_kind(req, system_text)
@@ -133,6 +134,30 @@ def to_generation_request(
         kind=kind,
         model_alias=req.model,
     )
+
+
+# The web search server tool as the model is offered it: the server answers its calls
+# (server/blocks.py), so the model may call it whatever the client can run.
+WEB_SEARCH_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"query": {"type": "string", "minLength": 1, "maxLength": 200}},
+    "required": ["query"],
+    "additionalProperties": False,
+}
+
+
+def web_search_spec(name: str) -> ToolSpec:
+    """The engine tool that stands for the request's web search server tool."""
+    return ToolSpec(
+        name=name,
+        description="Search the web. Returns result titles, URLs and snippets.",
+        parameters=WEB_SEARCH_SCHEMA,
+    )
+
+
+def server_tool_names(req: CountTokensRequest) -> frozenset[str]:
+    """Names of the request's server tools whose calls the server answers itself."""
+    return frozenset(tool.name for tool in req.tools or [] if tool.is_web_search)
 
 
 def system_prompt(blocks: Sequence[TextBlock]) -> str:

@@ -31,7 +31,7 @@ from mlxlaunch.server.blocks import TIMINGS_HEADER, ContentBlockStream, new_mess
 from mlxlaunch.server.bodies import parse_body
 from mlxlaunch.server.context_management import manage_context
 from mlxlaunch.server.errors import ApiError, engine_error
-from mlxlaunch.server.mapping import shows_thinking, to_generation_request
+from mlxlaunch.server.mapping import server_tool_names, shows_thinking, to_generation_request
 from mlxlaunch.server.request_log import RequestLog
 from mlxlaunch.server.safeguards import PendingCheck, SafetyCheck, SafetyCheckSettings
 from mlxlaunch.server.settings import ServerSettings, ServingEngine
@@ -97,6 +97,7 @@ class MessagesApi:
             show_thinking=shows_thinking(body),
             timings=request.headers.get(TIMINGS_HEADER) == "1",
             context_management=context.applied,
+            server_tools=server_tool_names(body),
         )
         record = RequestLog(message_id, body.model, time.monotonic())
         generation = await submit(
