@@ -16,13 +16,14 @@ import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from mlxlaunch.protocol.sse import frame
 from mlxlaunch.protocol.stats import STATS_EVENT, StatsSnapshot
 from mlxlaunch.server.metrics import MetricsRoute
 from mlxlaunch.server.stats_snapshot import StatsReader
+from mlxlaunch.server.streaming import ClosingStreamingResponse
 
 Handler = Callable[[Request], Awaitable[Response]]
 Guard = Callable[[Handler], Handler]
@@ -64,7 +65,7 @@ class StatsRoutes:
     async def stream(self, request: Request) -> Response:
         if self.reader.read() is None:
             return _unavailable()
-        return StreamingResponse(
+        return ClosingStreamingResponse(
             self._events(request),
             media_type="text/event-stream",
             headers={"cache-control": "no-cache", "x-accel-buffering": "no"},

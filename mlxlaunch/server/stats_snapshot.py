@@ -68,22 +68,7 @@ def stats_snapshot(
             kv_running_bytes=stats.kv_running_bytes,
             kv_bits=stats.kv_bits,
         ),
-        counters=RequestCounters(
-            requests_admitted=c.requests_admitted,
-            requests_refused=c.requests_refused,
-            requests_overloaded=c.requests_overloaded,
-            requests_cancelled=c.requests_cancelled,
-            requests_deduplicated=c.requests_deduplicated,
-            requests_failed=c.requests_failed,
-            requests_completed=c.requests_completed,
-            prompt_tokens=c.prompt_tokens,
-            cached_tokens=c.cached_tokens,
-            generated_tokens=c.generated_tokens,
-            idle_cache_clears=c.idle_cache_clears,
-            idle_unloads=c.idle_unloads,
-            drafted_tokens=c.drafted_tokens,
-            accepted_tokens=c.accepted_tokens,
-        ),
+        counters=RequestCounters.model_validate(c, from_attributes=True),
         cache=CacheFigures(
             hit_ratio=stats.cache_hit_ratio,
             bytes=cache.bytes,
@@ -100,22 +85,7 @@ def stats_snapshot(
             warning=cache.warning,
             last_miss=_last_miss(cache, excerpts),
         ),
-        recent=tuple(
-            RecentRequest(
-                request_id=r.request_id,
-                kind=r.kind,
-                model_alias=r.model_alias,
-                prompt_tokens=r.prompt_tokens,
-                cached_tokens=r.cached_tokens,
-                output_tokens=r.output_tokens,
-                ttft_s=r.ttft_s,
-                decode_tps=r.decode_tps,
-                outcome=r.outcome,
-                drafted_tokens=r.drafted_tokens,
-                accepted_tokens=r.accepted_tokens,
-            )
-            for r in stats.recent
-        ),
+        recent=tuple(RecentRequest.model_validate(r, from_attributes=True) for r in stats.recent),
         role=stats.role,
         failure=stats.failure,
         models=tuple(
