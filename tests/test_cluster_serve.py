@@ -133,7 +133,9 @@ class ClusterServe:
             time.sleep(0.2)
 
     def client(self) -> anthropic.Anthropic:
-        return anthropic.Anthropic(base_url=self.url, api_key=TOKEN, max_retries=0, timeout=120)
+        # A Claude Code prompt on the sharded medium model takes ~90 s to answer on a quiet
+        # 2-core machine; under a load of 5 it took over 120 s (a correctness test, not a speed one).
+        return anthropic.Anthropic(base_url=self.url, api_key=TOKEN, max_retries=0, timeout=400)
 
     def wait(self, timeout: float = 90) -> int:
         code = self.process.wait(timeout=timeout)
