@@ -229,6 +229,31 @@ def test_bad_input_is_a_400_in_openai_envelope(served: Served) -> None:
     assert "does not accept images" in error["message"]
 
 
+BOMB_PATTERN = "(ab{100}){200}"  # expands past the pattern limit
+
+
+def _string_with(pattern: str) -> dict[str, Any]:
+    return {"type": "object", "properties": {"a": {"type": "string", "pattern": pattern}}}
+
+
+@slow
+def test_errors_name_the_responses_fields(served: Served) -> None:
+    url = served.server.url + "/v1/responses"
+    fmt = {"type": "json_schema", "name": "x", "schema": _string_with(BOMB_PATTERN)}
+    body = {"model": "m", "input": "hi", "text": {"format": fmt}}
+    message = _envelope(httpx.post(url, json=body), 400)["message"]
+    assert "text.format.schema.properties.a.pattern" in message
+    assert "output_config" not in message
+    tool = {"type": "function", "name": "t", "parameters": _string_with(BOMB_PATTERN)}
+    body = {"model": "m", "input": "hi", "tools": [tool], "tool_choice": "required"}
+    message = _envelope(httpx.post(url, json=body), 400)["message"]
+    assert "tools['t'].parameters.properties.a.pattern" in message
+    assert "input_schema" not in message
+    body = {"model": "m", "input": "hi", "tool_choice": "required"}
+    message = _envelope(httpx.post(url, json=body), 400)["message"]
+    assert "'required'" in message and "'any'" not in message
+
+
 @slow
 def test_too_long_and_unauthorized(strict: Served) -> None:
     url = strict.server.url + "/v1/responses"

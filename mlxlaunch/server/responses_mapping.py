@@ -168,6 +168,8 @@ def to_generation_request(
             sampling=Sampling(temperature=body.temperature, top_p=body.top_p),
             thinking=thinking,
             response_schema=body.json_schema,
+            schema_field="text.format.schema",
+            tool_schema_field="parameters",
             request_id=request_id,
             kind=request_kind(messages, tools),
             model_alias=body.model,
@@ -182,7 +184,7 @@ def tool_choice(body: ResponsesRequest, names: ToolNames) -> ToolChoice:
     if choice == "none":
         return ToolChoice(mode="none")
     if choice == "required":
-        return ToolChoice(mode="any", parallel=parallel)
+        return ToolChoice(mode="any", parallel=parallel, wire="required")
     if isinstance(choice, ToolChoiceFunction):
         named = next((m for m, (_, n) in names.wire.items() if n == choice.name), choice.name)
         return ToolChoice(mode="tool", name=named, parallel=parallel)
