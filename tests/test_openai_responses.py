@@ -510,3 +510,21 @@ def test_a_failing_stream_with_unreadable_arguments_still_ends_with_response_fai
     assert events[-1].type == "response.failed" and stream.response.status == "failed"
     [call] = stream.response.output
     assert call.type == "function_call" and call.arguments == "{}"
+
+
+# --- what Codex sends ---------------------------------------------------------------------
+
+
+@slow
+def test_a_history_that_opens_with_the_assistant_is_served(served: Served) -> None:
+    served.scripted.enqueue("Yes.")
+    history = [
+        {"role": "assistant", "content": [{"type": "output_text", "text": "How can I help?"}]},
+        {"role": "user", "content": "Is it sunny?"},
+    ]
+    response = served.client.responses.create(model="local", input=history, store=False)
+    assert response.output_text == "Yes."
+    served.scripted.enqueue("Still here.")
+    alone = [{"role": "assistant", "content": [{"type": "output_text", "text": "Hi."}]}]
+    response = served.client.responses.create(model="local", input=alone, store=False)
+    assert response.output_text == "Still here."
