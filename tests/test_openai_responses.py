@@ -528,3 +528,28 @@ def test_a_history_that_opens_with_the_assistant_is_served(served: Served) -> No
     alone = [{"role": "assistant", "content": [{"type": "output_text", "text": "Hi."}]}]
     response = served.client.responses.create(model="local", input=alone, store=False)
     assert response.output_text == "Still here."
+
+
+@slow
+def test_server_side_call_items_are_dropped_with_a_warning(
+    served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    search = {
+        "type": "web_search_call",
+        "id": "ws_1",
+        "status": "completed",
+        "action": {"type": "search", "query": "weather Paris"},
+    }
+    history = [
+        {"role": "user", "content": "Search the weather."},
+        search,
+        {"type": "image_generation_call", "id": "ig_1", "status": "completed", "result": "AAAA"},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "Sunny."}]},
+        {"role": "user", "content": "Thanks."},
+    ]
+    for stream in (False, True):
+        served.scripted.enqueue("You're welcome.")
+        body = {"model": "m", "input": history, "store": False, "stream": stream}
+        response = httpx.post(served.server.url + "/v1/responses", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+    assert "web_search_call" in caplog.text and "image_generation_call" in caplog.text

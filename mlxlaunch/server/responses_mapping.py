@@ -320,5 +320,6 @@ def conversation(
     built._end_assistant()
     built.close_results()
     if built.ignored:
-        log.info("responses: input items not served, ignored: %s", shown_names(built.ignored))
+        # Server-side calls (web_search_call, …) have no meaning to a local model: dropped.
+        log.warning("responses: input items not served, ignored: %s", shown_names(built.ignored))
     return built.out
