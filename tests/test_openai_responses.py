@@ -20,6 +20,8 @@ from engine_helpers import Served, serve
 from mlxlaunch.engine.types import (
     Admitted,
     Done,
+    GenerationRequest,
+    InvalidRequest,
     ThinkingDelta,
     ToolCallEvent,
     ToolCallStart,
@@ -553,3 +555,88 @@ def test_server_side_call_items_are_dropped_with_a_warning(
         response = httpx.post(served.server.url + "/v1/responses", json=body, timeout=60)
         assert response.status_code == 200, response.text
     assert "web_search_call" in caplog.text and "image_generation_call" in caplog.text
+
+
+def _mapped(items: list[dict[str, Any]], **body: Any) -> GenerationRequest:
+    request = _request(input=items, **body)
+    gen, _ = to_generation_request(
+        request,
+        request.items,
+        request_id="r",
+        accepts_images=False,
+        thinks=False,
+        context_window=None,
+    )
+    return gen
+
+
+def test_local_shell_items_are_a_shell_call_and_its_result() -> None:
+    action = {"type": "exec", "command": ["bash", "-lc", "ls"], "working_directory": "/w"}
+    call = {"type": "local_shell_call", "id": "ls_1", "call_id": "call_s", "action": action}
+    for output in (
+        {"type": "local_shell_call_output", "id": "call_s", "output": "a.txt"},
+        {"type": "function_call_output", "call_id": "call_s", "output": "a.txt"},  # Codex's form
+    ):
+        gen = _mapped([call, output])
+        assistant, result = gen.messages
+        [record] = assistant.tool_calls
+        assert record.name == "shell" and record.id == "toolu_s"
+        assert record.arguments == {"command": ["bash", "-lc", "ls"], "workdir": "/w"}
+        assert result.role == "tool" and result.tool_call_id == "toolu_s"
+        assert result.content == "a.txt"
+    # Without a call_id the item's id names the call.
+    unnamed = {**call, "call_id": None}
+    gen = _mapped([unnamed, {"type": "local_shell_call_output", "id": "ls_1", "output": "x"}])
+    assert gen.messages[0].tool_calls[0].id == gen.messages[1].tool_call_id == "ls_1"
+    with pytest.raises(InvalidRequest, match="local_shell_call with call_id 'nope'"):
+        _mapped([call, {"type": "local_shell_call_output", "id": "nope", "output": "x"}])
+
+
+def test_namespaced_mcp_calls_keep_their_names() -> None:
+    tools = [
+        {"type": "function", "name": "mcp__fs__read", "parameters": {"type": "object"}},
+        {
+            "type": "namespace",
+            "name": "mcp__git",
+            "description": "git server",
+            "tools": [{"type": "function", "name": "log", "parameters": {"type": "object"}}],
+        },
+    ]
+    items = [
+        {"role": "user", "content": "go"},
+        {"type": "function_call", "call_id": "call_1", "name": "mcp__fs__read", "arguments": "{}"},
+        {
+            "type": "function_call",
+            "call_id": "call_2",
+            "name": "log",
+            "namespace": "mcp__git",
+            "arguments": '{"n": 1}',
+        },
+        {"type": "function_call_output", "call_id": "call_1", "output": "file"},
+        {"type": "function_call_output", "call_id": "call_2", "output": "commit"},
+    ]
+    gen = _mapped(items, tools=tools)
+    assert [c.name for c in gen.messages[1].tool_calls] == ["mcp__fs__read", "log"]
+    assert {t.name for t in gen.tools} == {"mcp__fs__read", "log"}
+
+
+def test_a_compaction_item_is_refused_by_name() -> None:
+    sealed = {"type": "compaction", "encrypted_content": "gAAAA"}
+    with pytest.raises(InvalidRequest, match=r"input\.1: a compaction item"):
+        _mapped([{"role": "user", "content": "go"}, sealed])
+
+
+@slow
+def test_a_history_of_local_shell_calls_is_served(served: Served) -> None:
+    action = {"type": "exec", "command": ["ls"]}
+    history = [
+        {"type": "local_shell_call", "call_id": "call_s", "status": "completed", "action": action},
+        {"type": "local_shell_call_output", "id": "call_s", "output": "a.txt"},
+    ]
+    served.scripted.enqueue("There is a.txt.")
+    response = served.client.responses.create(model="local", input=history, store=False)
+    assert response.output_text == "There is a.txt."
+    url = served.server.url + "/v1/responses"
+    sealed = [{"role": "user", "content": "go"}, {"type": "compaction", "encrypted_content": "x"}]
+    error = _envelope(httpx.post(url, json={"model": "m", "input": sealed}), 400)
+    assert "compaction" in error["message"]

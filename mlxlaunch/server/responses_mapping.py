@@ -2,9 +2,10 @@
 
 Items become chat-template messages: `instructions` and leading `system`/`developer` messages
 one system prompt (later ones stay in place), a run of assistant-side items (reasoning,
-assistant message, function calls) one assistant message, each `function_call_output` a tool
-message in the order the calls were made. The same history maps to the same messages on every
-turn, so the prefix cache keeps hitting as Codex resends its whole history.
+assistant message, function calls, `local_shell_call`s as calls of a `shell` tool) one
+assistant message, each call's output a tool message in the order the calls were made. The
+same history maps to the same messages on every turn, so the prefix cache keeps hitting as
+Codex resends its whole history.
 
 Ids and names are pure functions both ways, for the same reason: an engine call id `toolu_X`
 is `call_X` on the wire (and back), and a namespace tool's function is offered to the model
@@ -17,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from mlxlaunch.engine.types import (
     ChatMessage,
@@ -38,6 +40,8 @@ from mlxlaunch.protocol.openai_responses import (
     InputImage,
     InputItem,
     InputText,
+    LocalShellCallItem,
+    LocalShellCallOutputItem,
     MessageItem,
     NamespaceTool,
     OutputText,
@@ -55,6 +59,12 @@ ENGINE_CALL_PREFIX = "toolu_"
 CLIENT_CALL_PREFIX = "call_"
 # Output cap when the client sets none: the engine clamps it to what the window leaves.
 DEFAULT_MAX_OUTPUT_TOKENS = 32_768
+# The model sees a `local_shell_call` as a call of this tool, with the arguments of Codex's
+# own function-style shell tool (command, workdir, timeout_ms).
+LOCAL_SHELL_TOOL = "shell"
+# Items whose whole content is another server's encryption: dropping one would silently lose
+# the conversation it stands for.
+_SEALED_ITEMS = ("compaction", "compaction_summary")
 _CODEX_MARKER = "You are a coding agent running in the Codex CLI"
 # Reasoning efforts that mean "do not think".
 _NO_THINKING = ("none", "minimal")
@@ -216,11 +226,22 @@ class _Conversation:
             self._function_call(index, item)
         elif isinstance(item, FunctionCallOutputItem):
             self._function_output(index, item)
+        elif isinstance(item, LocalShellCallItem):
+            self._local_shell_call(item)
+        elif isinstance(item, LocalShellCallOutputItem):
+            call_id = item.call_id or item.id or ""
+            self._output(index, call_id, item.output, "local_shell_call")
         elif isinstance(item, ReasoningItem):
             text = "\n".join(p.text for p in [*item.summary, *(item.content or [])] if p.text)
             turn = self._open_assistant()
             if text:
                 turn.reasoning = "\n".join(t for t in (turn.reasoning, text) if t)
+        elif item.type in _SEALED_ITEMS:
+            raise InvalidRequest(
+                f"input.{index}: a {item.type} item holds a summary of the conversation "
+                "encrypted by the server that compacted it, which this server cannot read; "
+                "start a new conversation, or compact it against this server"
+            )
         else:
             self.ignored.add(item.type or "?")
 
@@ -247,27 +268,38 @@ class _Conversation:
 
     def _function_call(self, index: int, item: FunctionCallItem) -> None:
         arguments = history_arguments(item.arguments, f"input.{index}.arguments")
+        self._call(item.call_id, self.names.for_model(item.namespace, item.name), arguments)
+
+    def _local_shell_call(self, item: LocalShellCallItem) -> None:
+        action = item.action
+        arguments: dict[str, Any] = {"command": list(action.command)}
+        if action.working_directory is not None:
+            arguments["workdir"] = action.working_directory
+        if action.timeout_ms is not None:
+            arguments["timeout_ms"] = action.timeout_ms
+        self._call(item.call_id or item.id or "", LOCAL_SHELL_TOOL, arguments)
+
+    def _call(self, call_id: str, name: str, arguments: dict[str, Any]) -> None:
         turn = self._open_assistant()
-        call = ToolCallRecord(
-            id=engine_call_id(item.call_id),
-            name=self.names.for_model(item.namespace, item.name),
-            arguments=arguments,
-        )
+        call = ToolCallRecord(id=engine_call_id(call_id), name=name, arguments=arguments)
         turn.tool_calls.append(call)
         self.calls.append(call)
 
     def _function_output(self, index: int, item: FunctionCallOutputItem) -> None:
+        output = item.output if isinstance(item.output, str) else self._text(index, item.output)
+        self._output(index, item.call_id, output, "function_call")
+
+    def _output(self, index: int, call_id: str, output: str, kind: str) -> None:
+        """The output of the latest assistant turn's call `call_id` (a `kind` item's)."""
         self._end_assistant()
-        wanted = engine_call_id(item.call_id)
+        wanted = engine_call_id(call_id)
         call = next((c for c in self.calls if c.id == wanted), None)
         if call is None:
             raise InvalidRequest(
-                f"input.{index}: no function_call with call_id {item.call_id!r} precedes "
-                "this function_call_output"
+                f"input.{index}: no {kind} with call_id {call_id!r} precedes this {kind}_output"
             )
         if call.id in self.results:
-            raise InvalidRequest(f"input.{index}: a second output for call_id {item.call_id!r}")
-        output = item.output if isinstance(item.output, str) else self._text(index, item.output)
+            raise InvalidRequest(f"input.{index}: a second output for call_id {call_id!r}")
         self.results[call.id] = ChatMessage(
             role="tool", content=output, tool_call_id=call.id, name=call.name
         )
