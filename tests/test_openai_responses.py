@@ -640,3 +640,23 @@ def test_a_history_of_local_shell_calls_is_served(served: Served) -> None:
     sealed = [{"role": "user", "content": "go"}, {"type": "compaction", "encrypted_content": "x"}]
     error = _envelope(httpx.post(url, json={"model": "m", "input": sealed}), 400)
     assert "compaction" in error["message"]
+
+
+def test_custom_tool_calls_in_the_history_render_as_a_call_with_its_text() -> None:
+    patch = "*** Begin Patch\n*** Add File: a.txt\n+hi\n*** End Patch\n"
+    items = [
+        {"role": "user", "content": "add a.txt"},
+        {"type": "custom_tool_call", "call_id": "call_p", "name": "apply_patch", "input": patch},
+        {
+            "type": "custom_tool_call_output",
+            "call_id": "call_p",
+            "output": [{"type": "input_text", "text": "Success."}],
+        },
+    ]
+    _, assistant, result = _mapped(items).messages
+    [record] = assistant.tool_calls
+    assert (record.name, record.arguments) == ("apply_patch", {"input": patch})
+    assert result.tool_call_id == record.id == "toolu_p" and result.content == "Success."
+    orphan = {"type": "custom_tool_call_output", "call_id": "call_x", "output": "?"}
+    with pytest.raises(InvalidRequest, match="no custom_tool_call with call_id 'call_x'"):
+        _mapped([items[0], orphan])

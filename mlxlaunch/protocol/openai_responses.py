@@ -125,6 +125,23 @@ class ReasoningItem(ResponsesWire):
     id: str | None = None
 
 
+class CustomToolCallItem(ResponsesWire):
+    """A call of a freeform `custom` tool (Codex's `apply_patch`), sent back in the history:
+    its input is raw text, which the model sees as the call's one string argument."""
+
+    type: Literal["custom_tool_call"]
+    call_id: limits.Name
+    name: limits.Name
+    input: Annotated[str, Field(strict=True)]
+    id: str | None = None
+
+
+class CustomToolCallOutputItem(ResponsesWire):
+    type: Literal["custom_tool_call_output"]
+    call_id: limits.Name
+    output: str | list[ContentPart]
+
+
 class LocalShellAction(ResponsesWire):
     """What a `local_shell` call ran: the argv, and where and how long."""
 
@@ -176,6 +193,8 @@ InputItem = (
     | FunctionCallItem
     | FunctionCallOutputItem
     | ReasoningItem
+    | CustomToolCallItem
+    | CustomToolCallOutputItem
     | LocalShellCallItem
     | LocalShellCallOutputItem
     | OtherItem
@@ -191,6 +210,8 @@ def _item_kind(value: Any) -> str:
         "function_call",
         "function_call_output",
         "reasoning",
+        "custom_tool_call",
+        "custom_tool_call_output",
         "local_shell_call",
         "local_shell_call_output",
     )
@@ -202,6 +223,8 @@ InputItemOrEasy = Annotated[
     | Annotated[FunctionCallItem, Tag("function_call")]
     | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
     | Annotated[ReasoningItem, Tag("reasoning")]
+    | Annotated[CustomToolCallItem, Tag("custom_tool_call")]
+    | Annotated[CustomToolCallOutputItem, Tag("custom_tool_call_output")]
     | Annotated[LocalShellCallItem, Tag("local_shell_call")]
     | Annotated[LocalShellCallOutputItem, Tag("local_shell_call_output")]
     | Annotated[OtherItem, Tag("other")],

@@ -2,10 +2,10 @@
 
 Items become chat-template messages: `instructions` and leading `system`/`developer` messages
 one system prompt (later ones stay in place), a run of assistant-side items (reasoning,
-assistant message, function calls, `local_shell_call`s as calls of a `shell` tool) one
-assistant message, each call's output a tool message in the order the calls were made. The
-same history maps to the same messages on every turn, so the prefix cache keeps hitting as
-Codex resends its whole history.
+assistant message, function calls, custom tool calls with their text as an `input` argument,
+`local_shell_call`s as calls of a `shell` tool) one assistant message, each call's output a
+tool message in the order the calls were made. The same history maps to the same messages on
+every turn, so the prefix cache keeps hitting as Codex resends its whole history.
 
 Ids and names are pure functions both ways, for the same reason: an engine call id `toolu_X`
 is `call_X` on the wire (and back), and a namespace tool's function is offered to the model
@@ -34,6 +34,8 @@ from mlxlaunch.engine.types import (
 from mlxlaunch.protocol.limits import shown_names
 from mlxlaunch.protocol.openai_responses import (
     ContentPart,
+    CustomToolCallItem,
+    CustomToolCallOutputItem,
     FunctionCallItem,
     FunctionCallOutputItem,
     FunctionTool,
@@ -62,6 +64,8 @@ DEFAULT_MAX_OUTPUT_TOKENS = 32_768
 # The model sees a `local_shell_call` as a call of this tool, with the arguments of Codex's
 # own function-style shell tool (command, workdir, timeout_ms).
 LOCAL_SHELL_TOOL = "shell"
+# A freeform custom tool's raw-text input is, to the model, the call's one string argument.
+CUSTOM_TOOL_INPUT = "input"
 # Items whose whole content is another server's encryption: dropping one would silently lose
 # the conversation it stands for.
 _SEALED_ITEMS = ("compaction", "compaction_summary")
@@ -226,6 +230,11 @@ class _Conversation:
             self._function_call(index, item)
         elif isinstance(item, FunctionCallOutputItem):
             self._function_output(index, item)
+        elif isinstance(item, CustomToolCallItem):
+            name = self.names.for_model(None, item.name)
+            self._call(item.call_id, name, {CUSTOM_TOOL_INPUT: item.input})
+        elif isinstance(item, CustomToolCallOutputItem):
+            self._output(index, item.call_id, self._text(index, item.output), "custom_tool_call")
         elif isinstance(item, LocalShellCallItem):
             self._local_shell_call(item)
         elif isinstance(item, LocalShellCallOutputItem):
@@ -286,8 +295,7 @@ class _Conversation:
         self.calls.append(call)
 
     def _function_output(self, index: int, item: FunctionCallOutputItem) -> None:
-        output = item.output if isinstance(item.output, str) else self._text(index, item.output)
-        self._output(index, item.call_id, output, "function_call")
+        self._output(index, item.call_id, self._text(index, item.output), "function_call")
 
     def _output(self, index: int, call_id: str, output: str, kind: str) -> None:
         """The output of the latest assistant turn's call `call_id` (a `kind` item's)."""
