@@ -660,3 +660,16 @@ def test_custom_tool_calls_in_the_history_render_as_a_call_with_its_text() -> No
     orphan = {"type": "custom_tool_call_output", "call_id": "call_x", "output": "?"}
     with pytest.raises(InvalidRequest, match="no custom_tool_call with call_id 'call_x'"):
         _mapped([items[0], orphan])
+
+
+@slow
+def test_prompt_cache_key_shows_in_stats(served: Served) -> None:
+    served.scripted.enqueue("Keyed.")
+    served.client.responses.create(
+        model="local", input="hi", store=False, prompt_cache_key="conv-7f3a"
+    )
+    recent = httpx.get(served.server.url + "/v1/stats").json()["recent"]
+    assert any(r["cache_key"] == "conv-7f3a" for r in recent), recent
+    url = served.server.url + "/v1/responses"
+    huge = {"model": "m", "input": "hi", "prompt_cache_key": "k" * 100_000}
+    assert "prompt_cache_key" in _envelope(httpx.post(url, json=huge), 400)["message"]

@@ -101,6 +101,7 @@ class GenerationRequest:
     request_id: str = ""
     kind: RequestKind = "other"  # for stats and the dashboard only
     model_alias: str = ""  # the id the client asked for, echoed in stats
+    cache_key: str = ""  # the client's conversation key (Responses `prompt_cache_key`), in stats
     # Keep this request's conversation (prompt and reply) in the prefix cache ahead of
     # anything unpinned of its priority for this long (never ahead of the main session, and
     # within the cache's pin budget): a conversation continued by id needs it next turn.

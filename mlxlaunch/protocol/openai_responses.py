@@ -348,7 +348,8 @@ class ResponsesRequest(ResponsesWire):
     store: bool | None = None
     # Bounded as ids are (ours are 29 characters): a 4 MB id was echoed in a 4 MB error.
     previous_response_id: limits.NameOrEmpty | None = None
-    prompt_cache_key: str | None = None
+    # Codex's per-conversation key, shown in stats: bounded as ids are.
+    prompt_cache_key: limits.NameOrEmpty | None = None
     include: list[str] | None = None
     stream: bool = False
     metadata: dict[str, Any] | None = None

@@ -187,6 +187,7 @@ def to_generation_request(
             request_id=request_id,
             kind=request_kind(messages, tools),
             model_alias=body.model,
+            cache_key=body.prompt_cache_key or "",
         ),
         names,
     )

@@ -113,6 +113,7 @@ def stats_snapshot(
                 outcome=r.outcome,
                 drafted_tokens=r.drafted_tokens,
                 accepted_tokens=r.accepted_tokens,
+                cache_key=r.cache_key,
             )
             for r in stats.recent
         ),
