@@ -134,7 +134,7 @@ class ClusterServe:
 
     def client(self) -> anthropic.Anthropic:
         # A Claude Code prompt on the sharded medium model takes ~90 s to answer on a quiet
-        # 2-core machine; under a load of 5 it took over 120 s (a correctness test, not a speed one).
+        # 2-core machine, and over 120 s under a load of 5 (a correctness test, not a speed one).
         return anthropic.Anthropic(base_url=self.url, api_key=TOKEN, max_retries=0, timeout=400)
 
     def wait(self, timeout: float = 90) -> int:

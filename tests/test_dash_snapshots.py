@@ -88,6 +88,7 @@ RECORDED: dict[str, Any] = {
             "outcome": outcome,
             "drafted_tokens": drafted,
             "accepted_tokens": accepted,
+            "cache_key": "",
         }
         for i, (kind, alias, prompt, cached, output, ttft, tps, outcome, drafted, accepted) in (
             enumerate(

@@ -360,6 +360,23 @@ def test_client_mistakes_are_400_in_openai_envelope(served: Served) -> None:
 
 
 @pytest.mark.slow
+def test_errors_name_the_chat_completions_fields(served: Served) -> None:
+    bomb = {"type": "object", "properties": {"a": {"type": "string", "pattern": "(ab{100}){200}"}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": bomb}}
+    body = {"model": "m", "messages": HI, "response_format": fmt}
+    message = _openai_envelope(served.post(CHAT, body), 400)["message"]
+    assert "response_format.json_schema.schema.properties.a.pattern" in message
+    assert "output_config" not in message
+    tool = {"type": "function", "function": {"name": "t", "parameters": bomb}}
+    body = {"model": "m", "messages": HI, "tools": [tool], "tool_choice": "required"}
+    message = _openai_envelope(served.post(CHAT, body), 400)["message"]
+    assert "tools['t'].function.parameters.properties.a.pattern" in message
+    body = {"model": "m", "messages": HI, "tool_choice": "required"}
+    message = _openai_envelope(served.post(CHAT, body), 400)["message"]
+    assert "'required'" in message and "'any'" not in message
+
+
+@pytest.mark.slow
 def test_missing_token_is_401_in_openai_envelope(served: Served) -> None:
     response = httpx.post(
         served.server.url + "/v1/chat/completions", json={"model": "m", "messages": HI}

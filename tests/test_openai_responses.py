@@ -20,6 +20,8 @@ from engine_helpers import Served, serve
 from mlxlaunch.engine.types import (
     Admitted,
     Done,
+    GenerationRequest,
+    InvalidRequest,
     ThinkingDelta,
     ToolCallEvent,
     ToolCallStart,
@@ -228,6 +230,31 @@ def test_bad_input_is_a_400_in_openai_envelope(served: Served) -> None:
         httpx.post(url, json={"model": "m", "input": [{"role": "user", "content": image}]}), 400
     )
     assert "does not accept images" in error["message"]
+
+
+BOMB_PATTERN = "(ab{100}){200}"  # expands past the pattern limit
+
+
+def _string_with(pattern: str) -> dict[str, Any]:
+    return {"type": "object", "properties": {"a": {"type": "string", "pattern": pattern}}}
+
+
+@slow
+def test_errors_name_the_responses_fields(served: Served) -> None:
+    url = served.server.url + "/v1/responses"
+    fmt = {"type": "json_schema", "name": "x", "schema": _string_with(BOMB_PATTERN)}
+    body = {"model": "m", "input": "hi", "text": {"format": fmt}}
+    message = _envelope(httpx.post(url, json=body), 400)["message"]
+    assert "text.format.schema.properties.a.pattern" in message
+    assert "output_config" not in message
+    tool = {"type": "function", "name": "t", "parameters": _string_with(BOMB_PATTERN)}
+    body = {"model": "m", "input": "hi", "tools": [tool], "tool_choice": "required"}
+    message = _envelope(httpx.post(url, json=body), 400)["message"]
+    assert "tools['t'].parameters.properties.a.pattern" in message
+    assert "input_schema" not in message
+    body = {"model": "m", "input": "hi", "tool_choice": "required"}
+    message = _envelope(httpx.post(url, json=body), 400)["message"]
+    assert "'required'" in message and "'any'" not in message
 
 
 @slow
@@ -486,3 +513,164 @@ def test_a_failing_stream_with_unreadable_arguments_still_ends_with_response_fai
     assert events[-1].type == "response.failed" and stream.response.status == "failed"
     [call] = stream.response.output
     assert call.type == "function_call" and call.arguments == "{}"
+
+
+# --- what Codex sends ---------------------------------------------------------------------
+
+
+@slow
+def test_a_history_that_opens_with_the_assistant_is_served(served: Served) -> None:
+    served.scripted.enqueue("Yes.")
+    history = [
+        {"role": "assistant", "content": [{"type": "output_text", "text": "How can I help?"}]},
+        {"role": "user", "content": "Is it sunny?"},
+    ]
+    response = served.client.responses.create(model="local", input=history, store=False)
+    assert response.output_text == "Yes."
+    served.scripted.enqueue("Still here.")
+    alone = [{"role": "assistant", "content": [{"type": "output_text", "text": "Hi."}]}]
+    response = served.client.responses.create(model="local", input=alone, store=False)
+    assert response.output_text == "Still here."
+
+
+@slow
+def test_server_side_call_items_are_dropped_with_a_warning(
+    served: Served, caplog: pytest.LogCaptureFixture
+) -> None:
+    search = {
+        "type": "web_search_call",
+        "id": "ws_1",
+        "status": "completed",
+        "action": {"type": "search", "query": "weather Paris"},
+    }
+    history = [
+        {"role": "user", "content": "Search the weather."},
+        search,
+        {"type": "image_generation_call", "id": "ig_1", "status": "completed", "result": "AAAA"},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "Sunny."}]},
+        {"role": "user", "content": "Thanks."},
+    ]
+    for stream in (False, True):
+        served.scripted.enqueue("You're welcome.")
+        body = {"model": "m", "input": history, "store": False, "stream": stream}
+        response = httpx.post(served.server.url + "/v1/responses", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+    assert "web_search_call" in caplog.text and "image_generation_call" in caplog.text
+
+
+def _mapped(items: list[dict[str, Any]], **body: Any) -> GenerationRequest:
+    request = _request(input=items, **body)
+    gen, _ = to_generation_request(
+        request,
+        request.items,
+        request_id="r",
+        images=TEXT_ONLY,
+        thinks=False,
+        context_window=None,
+    )
+    return gen
+
+
+def test_local_shell_items_are_a_shell_call_and_its_result() -> None:
+    action = {"type": "exec", "command": ["bash", "-lc", "ls"], "working_directory": "/w"}
+    call = {"type": "local_shell_call", "id": "ls_1", "call_id": "call_s", "action": action}
+    for output in (
+        {"type": "local_shell_call_output", "id": "call_s", "output": "a.txt"},
+        {"type": "function_call_output", "call_id": "call_s", "output": "a.txt"},  # Codex's form
+    ):
+        gen = _mapped([call, output])
+        assistant, result = gen.messages
+        [record] = assistant.tool_calls
+        assert record.name == "shell" and record.id == "toolu_s"
+        assert record.arguments == {"command": ["bash", "-lc", "ls"], "workdir": "/w"}
+        assert result.role == "tool" and result.tool_call_id == "toolu_s"
+        assert result.content == "a.txt"
+    # Without a call_id the item's id names the call.
+    unnamed = {**call, "call_id": None}
+    gen = _mapped([unnamed, {"type": "local_shell_call_output", "id": "ls_1", "output": "x"}])
+    assert gen.messages[0].tool_calls[0].id == gen.messages[1].tool_call_id == "ls_1"
+    with pytest.raises(InvalidRequest, match="local_shell_call with call_id 'nope'"):
+        _mapped([call, {"type": "local_shell_call_output", "id": "nope", "output": "x"}])
+
+
+def test_namespaced_mcp_calls_keep_their_names() -> None:
+    tools = [
+        {"type": "function", "name": "mcp__fs__read", "parameters": {"type": "object"}},
+        {
+            "type": "namespace",
+            "name": "mcp__git",
+            "description": "git server",
+            "tools": [{"type": "function", "name": "log", "parameters": {"type": "object"}}],
+        },
+    ]
+    items = [
+        {"role": "user", "content": "go"},
+        {"type": "function_call", "call_id": "call_1", "name": "mcp__fs__read", "arguments": "{}"},
+        {
+            "type": "function_call",
+            "call_id": "call_2",
+            "name": "log",
+            "namespace": "mcp__git",
+            "arguments": '{"n": 1}',
+        },
+        {"type": "function_call_output", "call_id": "call_1", "output": "file"},
+        {"type": "function_call_output", "call_id": "call_2", "output": "commit"},
+    ]
+    gen = _mapped(items, tools=tools)
+    assert [c.name for c in gen.messages[1].tool_calls] == ["mcp__fs__read", "log"]
+    assert {t.name for t in gen.tools} == {"mcp__fs__read", "log"}
+
+
+def test_a_compaction_item_is_refused_by_name() -> None:
+    sealed = {"type": "compaction", "encrypted_content": "gAAAA"}
+    with pytest.raises(InvalidRequest, match=r"input\.1: a compaction item"):
+        _mapped([{"role": "user", "content": "go"}, sealed])
+
+
+@slow
+def test_a_history_of_local_shell_calls_is_served(served: Served) -> None:
+    action = {"type": "exec", "command": ["ls"]}
+    history = [
+        {"type": "local_shell_call", "call_id": "call_s", "status": "completed", "action": action},
+        {"type": "local_shell_call_output", "id": "call_s", "output": "a.txt"},
+    ]
+    served.scripted.enqueue("There is a.txt.")
+    response = served.client.responses.create(model="local", input=history, store=False)
+    assert response.output_text == "There is a.txt."
+    url = served.server.url + "/v1/responses"
+    sealed = [{"role": "user", "content": "go"}, {"type": "compaction", "encrypted_content": "x"}]
+    error = _envelope(httpx.post(url, json={"model": "m", "input": sealed}), 400)
+    assert "compaction" in error["message"]
+
+
+def test_custom_tool_calls_in_the_history_render_as_a_call_with_its_text() -> None:
+    patch = "*** Begin Patch\n*** Add File: a.txt\n+hi\n*** End Patch\n"
+    items = [
+        {"role": "user", "content": "add a.txt"},
+        {"type": "custom_tool_call", "call_id": "call_p", "name": "apply_patch", "input": patch},
+        {
+            "type": "custom_tool_call_output",
+            "call_id": "call_p",
+            "output": [{"type": "input_text", "text": "Success."}],
+        },
+    ]
+    _, assistant, result = _mapped(items).messages
+    [record] = assistant.tool_calls
+    assert (record.name, record.arguments) == ("apply_patch", {"input": patch})
+    assert result.tool_call_id == record.id == "toolu_p" and result.content == "Success."
+    orphan = {"type": "custom_tool_call_output", "call_id": "call_x", "output": "?"}
+    with pytest.raises(InvalidRequest, match="no custom_tool_call with call_id 'call_x'"):
+        _mapped([items[0], orphan])
+
+
+@slow
+def test_prompt_cache_key_shows_in_stats(served: Served) -> None:
+    served.scripted.enqueue("Keyed.")
+    served.client.responses.create(
+        model="local", input="hi", store=False, prompt_cache_key="conv-7f3a"
+    )
+    recent = httpx.get(served.server.url + "/v1/stats").json()["recent"]
+    assert any(r["cache_key"] == "conv-7f3a" for r in recent), recent
+    url = served.server.url + "/v1/responses"
+    huge = {"model": "m", "input": "hi", "prompt_cache_key": "k" * 100_000}
+    assert "prompt_cache_key" in _envelope(httpx.post(url, json=huge), 400)["message"]

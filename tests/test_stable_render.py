@@ -184,6 +184,16 @@ def test_exact_mode_re_renders_the_past_at_each_new_user_prompt(template: str) -
     assert [i for i, n in enumerate(lost) if n] == [2, 4]
 
 
+@pytest.mark.parametrize("template", [DROPS_OLD_REASONING, EMPTY_THINK_LATEST, STABLE])
+def test_a_conversation_that_opens_with_the_assistant_renders(template: str) -> None:
+    renderer, _ = renderer_for(template)
+    opening = ChatMessage("assistant", "TEXT_0")
+    alone = renderer.render_text(request([opening]))
+    answered = renderer.render_text(request([opening, ChatMessage("user", "PROMPT_ONE")]))
+    assert "TEXT_0" in alone
+    assert answered.index("TEXT_0") < answered.index("PROMPT_ONE")
+
+
 def test_old_reasoning_is_kept_where_the_template_would_drop_it() -> None:
     stable, _ = renderer_for(DROPS_OLD_REASONING)
     exact, _ = renderer_for(DROPS_OLD_REASONING, render_mode="exact")

@@ -60,6 +60,7 @@ class RequestRecord:
     outcome: str  # a stop reason, "cancelled" or "failed"
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    cache_key: str = ""  # the client's conversation key, where it sent one
 
 
 @dataclass(frozen=True)

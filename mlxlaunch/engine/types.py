@@ -75,6 +75,7 @@ class ToolChoice:
     mode: ToolChoiceMode = "auto"
     name: str | None = None  # with mode == "tool"
     parallel: bool = True  # False: at most one call
+    wire: str | None = None  # the mode as the client's API spells it ("required"), for errors
 
 
 RequestKind = Literal["main", "subagent", "title", "other"]
@@ -93,9 +94,14 @@ class GenerationRequest:
     thinking_budget: int | None = None
     stop_sequences: list[str] = field(default_factory=list)
     response_schema: dict[str, Any] | None = None  # JSON schema the text must satisfy
+    # Where the client's API puts the response schema and a tool's schema, so an error names
+    # the field the client sent (`tools['t'].<tool_schema_field>`).
+    schema_field: str = "output_config.format.schema"
+    tool_schema_field: str = "input_schema"
     request_id: str = ""
     kind: RequestKind = "other"  # for stats and the dashboard only
     model_alias: str = ""  # the id the client asked for, echoed in stats
+    cache_key: str = ""  # the client's conversation key (Responses `prompt_cache_key`), in stats
     # Keep this request's conversation (prompt and reply) in the prefix cache ahead of
     # anything unpinned of its priority for this long (never ahead of the main session, and
     # within the cache's pin budget): a conversation continued by id needs it next turn.

@@ -125,20 +125,96 @@ class ReasoningItem(ResponsesWire):
     id: str | None = None
 
 
+class CustomToolCallItem(ResponsesWire):
+    """A call of a freeform `custom` tool (Codex's `apply_patch`), sent back in the history:
+    its input is raw text, which the model sees as the call's one string argument."""
+
+    type: Literal["custom_tool_call"]
+    call_id: limits.Name
+    name: limits.Name
+    input: Annotated[str, Field(strict=True)]
+    id: str | None = None
+
+
+class CustomToolCallOutputItem(ResponsesWire):
+    type: Literal["custom_tool_call_output"]
+    call_id: limits.Name
+    output: str | list[ContentPart]
+
+
+class LocalShellAction(ResponsesWire):
+    """What a `local_shell` call ran: the argv, and where and how long."""
+
+    type: str = "exec"
+    command: Annotated[list[str], Field(max_length=limits.MAX_BLOCKS)]
+    working_directory: str | None = None
+    timeout_ms: int | None = None
+
+
+class LocalShellCallItem(ResponsesWire):
+    """A call of the built-in `local_shell` tool, sent back in the history (Codex's older
+    shell tool): the model sees it as a call of a `shell` tool."""
+
+    type: Literal["local_shell_call"]
+    call_id: limits.Name | None = None  # Codex may leave it out: `id` names the call then
+    id: limits.Name | None = None
+    action: LocalShellAction
+
+    @model_validator(mode="after")
+    def _named(self) -> LocalShellCallItem:
+        if self.call_id is None and self.id is None:
+            raise ValueError("a local_shell_call needs a call_id or an id")
+        return self
+
+
+class LocalShellCallOutputItem(ResponsesWire):
+    """What a `local_shell_call` printed; `id` is the call's (OpenAI's form), or `call_id`."""
+
+    type: Literal["local_shell_call_output"]
+    call_id: limits.Name | None = None
+    id: limits.Name | None = None
+    output: str
+
+    @model_validator(mode="after")
+    def _named(self) -> LocalShellCallOutputItem:
+        if self.call_id is None and self.id is None:
+            raise ValueError("a local_shell_call_output needs the call's id or call_id")
+        return self
+
+
 class OtherItem(ResponsesWire):
     """An item of a type this server does not serve (`item_reference`, `web_search_call`, …)."""
 
     type: str = ""
 
 
-InputItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem | OtherItem
+InputItem = (
+    MessageItem
+    | FunctionCallItem
+    | FunctionCallOutputItem
+    | ReasoningItem
+    | CustomToolCallItem
+    | CustomToolCallOutputItem
+    | LocalShellCallItem
+    | LocalShellCallOutputItem
+    | OtherItem
+)
 
 
 def _item_kind(value: Any) -> str:
     if isinstance(value, dict) and "type" not in value and "role" in value:
         return "message"  # the easy form: {"role": ..., "content": ...}
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    known = ("message", "function_call", "function_call_output", "reasoning")
+    known = (
+        "message",
+        "function_call",
+        "function_call_output",
+        "reasoning",
+        "custom_tool_call",
+        "custom_tool_call_output",
+        "local_shell_call",
+        "local_shell_call_output",
+    )
     return kind if kind in known else "other"
 
 
@@ -147,6 +223,10 @@ InputItemOrEasy = Annotated[
     | Annotated[FunctionCallItem, Tag("function_call")]
     | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
     | Annotated[ReasoningItem, Tag("reasoning")]
+    | Annotated[CustomToolCallItem, Tag("custom_tool_call")]
+    | Annotated[CustomToolCallOutputItem, Tag("custom_tool_call_output")]
+    | Annotated[LocalShellCallItem, Tag("local_shell_call")]
+    | Annotated[LocalShellCallOutputItem, Tag("local_shell_call_output")]
     | Annotated[OtherItem, Tag("other")],
     Discriminator(_item_kind),
 ]
@@ -268,7 +348,8 @@ class ResponsesRequest(ResponsesWire):
     store: bool | None = None
     # Bounded as ids are (ours are 29 characters): a 4 MB id was echoed in a 4 MB error.
     previous_response_id: limits.NameOrEmpty | None = None
-    prompt_cache_key: str | None = None
+    # Codex's per-conversation key, shown in stats: bounded as ids are.
+    prompt_cache_key: limits.NameOrEmpty | None = None
     include: list[str] | None = None
     stream: bool = False
     metadata: dict[str, Any] | None = None

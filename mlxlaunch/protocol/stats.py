@@ -78,6 +78,7 @@ class RecentRequest(_Wire):
     outcome: str = ""  # a stop reason, "cancelled" or "failed"
     drafted_tokens: int = 0  # speculative decoding: drafted for this request, and accepted
     accepted_tokens: int = 0
+    cache_key: str = ""  # the client's conversation key (Responses `prompt_cache_key`)
 
 
 class MissDigests(_Wire):

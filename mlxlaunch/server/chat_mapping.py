@@ -155,6 +155,8 @@ def to_generation_request(
         thinking=model_thinks and wants_thinking(req),
         stop_sequences=list(req.stop or []),
         response_schema=schema,
+        schema_field="response_format.json_schema.schema",
+        tool_schema_field="function.parameters",
         request_id=request_id,
         model_alias=req.model,
     )
@@ -190,7 +192,7 @@ def tool_choice(req: ChatCompletionRequest) -> ToolChoice:
     if choice == "none":
         return ToolChoice(mode="none")
     if choice == "required":
-        return ToolChoice(mode="any", parallel=parallel)
+        return ToolChoice(mode="any", parallel=parallel, wire="required")
     return ToolChoice(mode="auto", parallel=parallel)
 
 

@@ -2,9 +2,10 @@
 
 Items become chat-template messages: `instructions` and leading `system`/`developer` messages
 one system prompt (later ones stay in place), a run of assistant-side items (reasoning,
-assistant message, function calls) one assistant message, each `function_call_output` a tool
-message in the order the calls were made. The same history maps to the same messages on every
-turn, so the prefix cache keeps hitting as Codex resends its whole history.
+assistant message, function calls, custom tool calls with their text as an `input` argument,
+`local_shell_call`s as calls of a `shell` tool) one assistant message, each call's output a
+tool message in the order the calls were made. The same history maps to the same messages on
+every turn, so the prefix cache keeps hitting as Codex resends its whole history.
 
 Ids and names are pure functions both ways, for the same reason: an engine call id `toolu_X`
 is `call_X` on the wire (and back), and a namespace tool's function is offered to the model
@@ -17,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from mlxlaunch.engine.types import (
     ChatMessage,
@@ -32,12 +34,16 @@ from mlxlaunch.engine.types import (
 from mlxlaunch.protocol.limits import shown_names
 from mlxlaunch.protocol.openai_responses import (
     ContentPart,
+    CustomToolCallItem,
+    CustomToolCallOutputItem,
     FunctionCallItem,
     FunctionCallOutputItem,
     FunctionTool,
     InputImage,
     InputItem,
     InputText,
+    LocalShellCallItem,
+    LocalShellCallOutputItem,
     MessageItem,
     NamespaceTool,
     OutputText,
@@ -56,6 +62,14 @@ ENGINE_CALL_PREFIX = "toolu_"
 CLIENT_CALL_PREFIX = "call_"
 # Output cap when the client sets none: the engine clamps it to what the window leaves.
 DEFAULT_MAX_OUTPUT_TOKENS = 32_768
+# The model sees a `local_shell_call` as a call of this tool, with the arguments of Codex's
+# own function-style shell tool (command, workdir, timeout_ms).
+LOCAL_SHELL_TOOL = "shell"
+# A freeform custom tool's raw-text input is, to the model, the call's one string argument.
+CUSTOM_TOOL_INPUT = "input"
+# Items whose whole content is another server's encryption: dropping one would silently lose
+# the conversation it stands for.
+_SEALED_ITEMS = ("compaction", "compaction_summary")
 _CODEX_MARKER = "You are a coding agent running in the Codex CLI"
 # Reasoning efforts that mean "do not think".
 _NO_THINKING = ("none", "minimal")
@@ -169,9 +183,12 @@ def to_generation_request(
             sampling=Sampling(temperature=body.temperature, top_p=body.top_p),
             thinking=thinking,
             response_schema=body.json_schema,
+            schema_field="text.format.schema",
+            tool_schema_field="parameters",
             request_id=request_id,
             kind=request_kind(messages, tools),
             model_alias=body.model,
+            cache_key=body.prompt_cache_key or "",
         ),
         names,
     )
@@ -183,7 +200,7 @@ def tool_choice(body: ResponsesRequest, names: ToolNames) -> ToolChoice:
     if choice == "none":
         return ToolChoice(mode="none")
     if choice == "required":
-        return ToolChoice(mode="any", parallel=parallel)
+        return ToolChoice(mode="any", parallel=parallel, wire="required")
     if isinstance(choice, ToolChoiceFunction):
         named = next((m for m, (_, n) in names.wire.items() if n == choice.name), choice.name)
         return ToolChoice(mode="tool", name=named, parallel=parallel)
@@ -215,11 +232,28 @@ class _Conversation:
             self._function_call(index, item)
         elif isinstance(item, FunctionCallOutputItem):
             self._function_output(index, item)
+        elif isinstance(item, CustomToolCallItem):
+            name = self.names.for_model(None, item.name)
+            self._call(item.call_id, name, {CUSTOM_TOOL_INPUT: item.input})
+        elif isinstance(item, CustomToolCallOutputItem):
+            output = self._text(f"input.{index}.output", item.output, in_tool_result=True)
+            self._output(index, item.call_id, output, "custom_tool_call")
+        elif isinstance(item, LocalShellCallItem):
+            self._local_shell_call(item)
+        elif isinstance(item, LocalShellCallOutputItem):
+            call_id = item.call_id or item.id or ""
+            self._output(index, call_id, item.output, "local_shell_call")
         elif isinstance(item, ReasoningItem):
             text = "\n".join(p.text for p in [*item.summary, *(item.content or [])] if p.text)
             turn = self._open_assistant()
             if text:
                 turn.reasoning = "\n".join(t for t in (turn.reasoning, text) if t)
+        elif item.type in _SEALED_ITEMS:
+            raise InvalidRequest(
+                f"input.{index}: a {item.type} item holds a summary of the conversation "
+                "encrypted by the server that compacted it, which this server cannot read; "
+                "start a new conversation, or compact it against this server"
+            )
         else:
             self.ignored.add(item.type or "?")
 
@@ -246,29 +280,39 @@ class _Conversation:
 
     def _function_call(self, index: int, item: FunctionCallItem) -> None:
         arguments = history_arguments(item.arguments, f"input.{index}.arguments")
+        self._call(item.call_id, self.names.for_model(item.namespace, item.name), arguments)
+
+    def _local_shell_call(self, item: LocalShellCallItem) -> None:
+        action = item.action
+        arguments: dict[str, Any] = {"command": list(action.command)}
+        if action.working_directory is not None:
+            arguments["workdir"] = action.working_directory
+        if action.timeout_ms is not None:
+            arguments["timeout_ms"] = action.timeout_ms
+        self._call(item.call_id or item.id or "", LOCAL_SHELL_TOOL, arguments)
+
+    def _call(self, call_id: str, name: str, arguments: dict[str, Any]) -> None:
         turn = self._open_assistant()
-        call = ToolCallRecord(
-            id=engine_call_id(item.call_id),
-            name=self.names.for_model(item.namespace, item.name),
-            arguments=arguments,
-        )
+        call = ToolCallRecord(id=engine_call_id(call_id), name=name, arguments=arguments)
         turn.tool_calls.append(call)
         self.calls.append(call)
 
     def _function_output(self, index: int, item: FunctionCallOutputItem) -> None:
+        # A tool's picture (Codex's view_image) becomes a placeholder.
+        output = self._text(f"input.{index}.output", item.output, in_tool_result=True)
+        self._output(index, item.call_id, output, "function_call")
+
+    def _output(self, index: int, call_id: str, output: str, kind: str) -> None:
+        """The output of the latest assistant turn's call `call_id` (a `kind` item's)."""
         self._end_assistant()
-        wanted = engine_call_id(item.call_id)
+        wanted = engine_call_id(call_id)
         call = next((c for c in self.calls if c.id == wanted), None)
         if call is None:
             raise InvalidRequest(
-                f"input.{index}: no function_call with call_id {item.call_id!r} precedes "
-                "this function_call_output"
+                f"input.{index}: no {kind} with call_id {call_id!r} precedes this {kind}_output"
             )
         if call.id in self.results:
-            raise InvalidRequest(f"input.{index}: a second output for call_id {item.call_id!r}")
-        output = item.output
-        if not isinstance(output, str):  # a tool's picture (Codex's view_image): a placeholder
-            output = self._text(f"input.{index}.output", output, in_tool_result=True)
+            raise InvalidRequest(f"input.{index}: a second output for call_id {call_id!r}")
         self.results[call.id] = ChatMessage(
             role="tool", content=output, tool_call_id=call.id, name=call.name
         )
@@ -323,5 +367,6 @@ def conversation(
     built._end_assistant()
     built.close_results()
     if built.ignored:
-        log.info("responses: input items not served, ignored: %s", shown_names(built.ignored))
+        # Server-side calls (web_search_call, …) have no meaning to a local model: dropped.
+        log.warning("responses: input items not served, ignored: %s", shown_names(built.ignored))
     return built.out

@@ -123,7 +123,7 @@ def constrained_tools(
     if choice.mode == "none" or not (forced or any(t.strict for t in tools)):
         return None
     if not tools:
-        raise InvalidRequest(f"tool_choice {choice.mode!r} needs at least one tool")
+        raise InvalidRequest(f"tool_choice {choice.wire or choice.mode!r} needs at least one tool")
     offered = list(tools)
     if choice.mode == "tool":
         offered = [t for t in tools if t.name == choice.name]

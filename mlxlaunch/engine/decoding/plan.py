@@ -162,7 +162,7 @@ def _grammar_inputs(request: GenerationRequest) -> Iterator[tuple[str, Any]]:
     choice = request.tool_choice
     forced = choice.mode in ("any", "tool")
     if request.response_schema is not None:
-        yield "output_config.format.schema", request.response_schema
+        yield request.schema_field, request.response_schema
     if choice.mode == "none":
         return
     tools: list[ToolSpec] = list(request.tools)
@@ -171,7 +171,7 @@ def _grammar_inputs(request: GenerationRequest) -> Iterator[tuple[str, Any]]:
     elif not forced:
         tools = [t for t in tools if t.strict]
     for tool in tools:
-        yield f"tools[{tool.name!r}].input_schema", tool.parameters
+        yield f"tools[{tool.name!r}].{request.tool_schema_field}", tool.parameters
 
 
 def _constraint(

@@ -303,7 +303,8 @@ class _Conversation:
     def prompt(self) -> str:
         # Earlier prompts first, so each one's predecessor is already known (no deep recursion).
         for index in self._assistants:
-            self.stable(index)
+            if index:  # a conversation that opens with the assistant has no prompt before it
+                self.stable(index)
         return self.stable(len(self.messages))
 
     def stable(self, length: int) -> str:
@@ -336,6 +337,8 @@ class _Conversation:
         return text
 
     def _through(self, assistant: int) -> str:
+        if assistant == 0:  # the conversation opens with it: the template's text is all there is
+            return self.r(1, False)
         previous = self.stable(assistant)
         # Earlier turns as the variant has them, this one as it is.
         for variant in self.variants(assistant):

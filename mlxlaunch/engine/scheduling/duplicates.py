@@ -22,7 +22,17 @@ from mlxlaunch.engine.types import Done, GenerationRequest
 
 # Request fields that do not change what is generated: the messages are in the rendered
 # tokens, and ids and labels are bookkeeping.
-_NOT_IN_KEY = frozenset({"messages", "request_id", "kind", "model_alias"})
+_NOT_IN_KEY = frozenset(
+    {
+        "messages",
+        "request_id",
+        "kind",
+        "model_alias",
+        "cache_key",
+        "schema_field",
+        "tool_schema_field",
+    }
+)
 _KEYED_FIELDS = tuple(f.name for f in fields(GenerationRequest) if f.name not in _NOT_IN_KEY)
 
 

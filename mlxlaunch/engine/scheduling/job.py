@@ -192,6 +192,7 @@ class Job:
             outcome=outcome,
             drafted_tokens=self.drafted,
             accepted_tokens=self.accepted,
+            cache_key=self.request.cache_key,
         )
 
     def flush(self) -> None:
