@@ -33,6 +33,9 @@ ARGUMENTS = {"city": "Paris", "days": 3}
 MARKUP: dict[str, str] = {
     "qwen": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n'
     "</tool_call>",
+    # Qwen's template with the vision tokens (tiny-vision): the same calls.
+    "qwen_vl": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n'
+    "</tool_call>",
     "qwen3_coder": "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
     "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
     "mistral": '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 3}',
