@@ -399,7 +399,9 @@ def test_the_small_model_drafts_for_the_main_one_on_the_same_weights() -> None:
 
 
 def weights_of(directory: Path) -> int:
-    return sum(f.stat().st_size for f in directory.glob("model*.safetensors"))
+    from mlxlaunch.store.facts import weights_size
+
+    return weights_size(directory)
 
 
 def test_a_downloaded_model_a_request_names_is_loaded_beside_the_others(

@@ -52,7 +52,8 @@ from mlxlaunch.engine.types import (
     PromptTooLong,
 )
 from mlxlaunch.errors import MlxLaunchError
-from mlxlaunch.store.facts import weight_files
+from mlxlaunch.store.facts import weights_size
+from mlxlaunch.store.memory import format_bytes
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,16 @@ ModelRole = Literal["main", "small", "extra"]
 # on disk), or None (no model's name: the main model serves it).
 MISSING: Literal["missing"] = "missing"
 Finder = Callable[[str], "Path | Literal['missing'] | None"]
+
+
+def companion_config(main: EngineConfig, model: str) -> EngineConfig:
+    """The engine settings of a model served beside `main`: the main model's, but its own
+    window and no draft model (a draft model is the main one's)."""
+    return replace(main, model=model, context_length=None, draft_model=None, speculate="auto")
+
+
+# Ids remembered as naming no model (a bound: clients choose ids).
+MAX_NO_MODEL_IDS = 1024
 
 # A request id with this in it is Claude Code's background tier (ANTHROPIC_DEFAULT_HAIKU_MODEL's
 # default ids, `claude-haiku-4-5-…`, `claude-3-5-haiku-…`).
@@ -111,6 +122,10 @@ class ModelSet:
                 model.config = replace(model.config, share_weights=True)
             if model.engine is None and model.failure is None:  # a failed one never loads
                 model.engine = Engine(model.config, conductor=self.conductor)
+            if self.memory_budget is not None and not model.weights_bytes:  # the budget counts it
+                model.weights_bytes = weights_size(Path(model.config.model))
+        # Ids the store said name no model (Claude Code's tier ids, every turn): not asked again.
+        self._no_model: set[str] = set()
 
     # --- lifetime -----------------------------------------------------------------------
 
@@ -172,19 +187,19 @@ class ModelSet:
     def served_models(self) -> list[tuple[str | None, ModelInfo | None]]:
         """Every model that serves (`GET /v1/models`): the id it is listed under (None for
         the main model: the server's own id) and its facts once loaded."""
-        listed: list[tuple[str | None, ModelInfo | None]] = []
-        for i, model in enumerate(self.models):
-            if model.engine is None or model.failure is not None:
-                continue
-            name = None if i == 0 or not model.names else model.names[0]
-            listed.append((name, model.engine.model_info))
-        return listed
+        return [
+            (
+                None if m is self.models[0] or not m.names else m.names[0],
+                m.engine.model_info if m.engine is not None else None,
+            )
+            for m in self._loaded()
+        ]
 
     # --- requests -----------------------------------------------------------------------
 
     def route(self, model_id: str) -> ServedModel:
         """The model that serves requests for `model_id` (see the module docstring)."""
-        usable = [m for m in self.models if m.failure is None and m.engine is not None]
+        usable = self._loaded()
         for model in usable:
             if model.picks(model_id):
                 model.last_used = time.monotonic()
@@ -239,8 +254,12 @@ class ModelSet:
         routed = self.route(model_id)
         if self.finder is None or routed.picks(model_id) or routed.role != "main":
             return routed
+        if model_id in self._no_model:
+            return routed
         found = await asyncio.to_thread(self.finder, model_id)
         if found is None:
+            if len(self._no_model) < MAX_NO_MODEL_IDS:
+                self._no_model.add(model_id)
             return routed
         if found == MISSING:
             raise ModelNotServed(
@@ -255,19 +274,16 @@ class ModelSet:
             return await self._join(model_id, Path(found))
 
     async def _join(self, model_id: str, path: Path) -> ServedModel:
-        weights = sum(f.stat().st_size for f in weight_files(path))
+        weights = weights_size(path)
         await self._make_room(weights, model_id)
-        main = self.models[0].config
-        config = replace(
-            main, model=str(path), context_length=None, draft_model=None, speculate="auto"
-        )
+        config = companion_config(self.models[0].config, str(path))
         model = ServedModel(
             config, (model_id, path.name), role="extra", pinned=False, weights_bytes=weights
         )
         model.engine = Engine(config, conductor=self.conductor)
         model.engine.start()
         self.models.append(model)
-        log.info("serving %s on demand (%s of weights)", model_id, _gib(weights))
+        log.info("serving %s on demand (%s of weights)", model_id, format_bytes(weights))
         return model
 
     async def _make_room(self, weights: int, model_id: str) -> None:
@@ -284,8 +300,8 @@ class ModelSet:
             ]
             if not idle:
                 raise EngineUnavailable(
-                    f"model {model_id!r} ({_gib(weights)}) does not fit beside the models in "
-                    f"use within this server's {_gib(budget)} for weights"
+                    f"model {model_id!r} ({format_bytes(weights)}) does not fit beside the "
+                    f"models in use within this server's {format_bytes(budget)} for weights"
                 )
             oldest = min(idle, key=lambda m: m.last_used)
             log.info("closing %s to make room for %s", oldest.names[0], model_id)
@@ -336,7 +352,3 @@ class ModelSet:
 
 def _idle(stats: EngineStats) -> bool:
     return stats.running == 0 and stats.queue_depth == 0
-
-
-def _gib(n: int) -> str:
-    return f"{n / 1024**3:.1f} GiB"

@@ -17,7 +17,7 @@ from mlxlaunch.config import UserConfig
 from mlxlaunch.engine.settings import context_window_of
 from mlxlaunch.errors import DefaultModelMissing, ModelNotFound
 from mlxlaunch.store.catalog import catalog_entry, recommend
-from mlxlaunch.store.facts import read_config, weight_files
+from mlxlaunch.store.facts import read_config, weights_size
 from mlxlaunch.store.inventory import LocalModel, list_models
 from mlxlaunch.store.memory import (
     DEFAULT_KV_GROUP_SIZE,
@@ -111,7 +111,7 @@ class ChosenModel:
         kv = kv_shape_of(config)
         if kv is None or memory_share is None:
             return window
-        weights = sum(f.stat().st_size for f in weight_files(self.path))
+        weights = weights_size(self.path)
         per_token = kv.bytes_per_token(kv_bits, kv_group_size or DEFAULT_KV_GROUP_SIZE)
         return max(2, window_that_fits(window, weights, per_token, share=memory_share))
 

@@ -24,7 +24,7 @@ from typing import Literal
 from rich.console import Console
 
 from mlxlaunch.engine.config import ClusterRole, EngineConfig, LogitsHook
-from mlxlaunch.engine.models import MISSING, ModelRole, ModelSet, ServedModel
+from mlxlaunch.engine.models import MISSING, ModelRole, ModelSet, ServedModel, companion_config
 from mlxlaunch.errors import MlxLaunchError
 from mlxlaunch.launch.child import terminating_like_ctrl_c
 from mlxlaunch.launch.claude_env import claude_model_id, client_settings
@@ -221,14 +221,15 @@ def _companions(
     served: list[ServedModel] = []
     seen = {main.path.resolve()}
     for name, role in wanted:
-        own = replace(config, context_length=None, draft_model=None, speculate="auto")
         try:
             path = resolve_name(name)
         except MlxLaunchError as exc:
             why = f"{name}: {exc.message}" + (f" ({exc.hint})" if exc.hint else "")
             log.warning("the %s model is not served: %s", role, why)
             served.append(
-                ServedModel(replace(own, model=name), _names(name, Path(name)), role, failure=why)
+                ServedModel(
+                    companion_config(config, name), _names(name, Path(name)), role, failure=why
+                )
             )
             continue
         if path.resolve() in seen:
@@ -236,7 +237,11 @@ def _companions(
         seen.add(path.resolve())
         hook = demo_replies(name) or config.logits_hook
         served.append(
-            ServedModel(replace(own, model=str(path), logits_hook=hook), _names(name, path), role)
+            ServedModel(
+                replace(companion_config(config, str(path)), logits_hook=hook),
+                _names(name, path),
+                role,
+            )
         )
     return served
 

@@ -160,6 +160,11 @@ def weight_files(path: Path) -> list[Path]:
     return sorted(path.glob("model*.safetensors"))
 
 
+def weights_size(path: Path) -> int:
+    """Bytes of the weight files at `path` (0 where there are none, e.g. a hub id)."""
+    return sum(f.stat().st_size for f in weight_files(path))
+
+
 def count_parameters(tensors: list[TensorInfo], quant_bits: int | None) -> int:
     """Parameters of the unquantised model: packed uint32 weights hold 32/bits values each."""
     names = {t.name for t in tensors}

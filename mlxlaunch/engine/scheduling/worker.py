@@ -381,13 +381,15 @@ class Worker:
         self._speeds.measure(generator)
         jobs = self._running.values()
         prefilling = [job.last_progress < job.prompt_tokens for job in jobs]
-        main = [job.request.kind == "main" for job in jobs]
+        # Main-loop requests, whether each still prefills: all of them prefilling (none
+        # decoding) makes the step urgent — the main loop's prompt goes first.
+        mains = [
+            job.last_progress < job.prompt_tokens for job in jobs if job.request.kind == "main"
+        ]
         slice_tokens = self._pacer.plan(
             decoding=not all(prefilling),
             prefilling=any(prefilling),
-            # A main-loop prompt prefilling while no main-loop stream decodes: it goes first.
-            urgent=any(p and m for p, m in zip(prefilling, main, strict=True))
-            and not any(m and not p for p, m in zip(prefilling, main, strict=True)),
+            urgent=bool(mains) and all(mains),
         )
         try:  # the step's forward passes included (batch.py)
             if self._lockstep is not None:
