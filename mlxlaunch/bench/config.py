@@ -42,6 +42,10 @@ class BenchConfig:
         speculative_edit_every: every n-th word of that file is changed (an edit to copy around).
         speculative_tokens: tokens each stream of the copy workload writes (the no-copy
             workload writes `decode_tokens`).
+        haiku_rounds: rounds of the haiku-tier workload (`mlx bench --small-model`), each a
+            main turn alone and one beside the side streams (`bench.haiku_tier`).
+        haiku_side_streams: side requests (session titles) running at once beside the main turn.
+        haiku_side_tokens: tokens each side request writes.
     """
 
     quick: bool = False
@@ -65,6 +69,9 @@ class BenchConfig:
     speculative_file_words: int = 400
     speculative_edit_every: int = 20
     speculative_tokens: int = 256
+    haiku_rounds: int = 3
+    haiku_side_streams: int = 4
+    haiku_side_tokens: int = 24
 
     @classmethod
     def create(cls, *, quick: bool = False, **overrides: Any) -> BenchConfig:
@@ -91,13 +98,18 @@ class BenchConfig:
             speculative_rounds=2,
             speculative_file_words=120,
             speculative_tokens=48,
+            haiku_rounds=2,
+            haiku_side_tokens=12,
         )
 
     def __post_init__(self) -> None:
         repeats = (self.turns, self.decode_runs, self.warm_sessions, self.concurrency_rounds,
-                   self.speculative_rounds)  # fmt: skip
+                   self.speculative_rounds, self.haiku_rounds, self.haiku_side_streams)  # fmt: skip
         if min(repeats) < 1:
-            raise ValueError("turns, decode_runs, warm_sessions and the rounds must be at least 1")
+            raise ValueError(
+                "turns, decode_runs, warm_sessions, the rounds and the side streams must be at "
+                "least 1"
+            )
         if not self.concurrency or min(self.concurrency) < 1:
             raise ValueError("concurrency levels must be positive")
         if not self.speculative_streams or min(self.speculative_streams) < 1:
@@ -105,7 +117,7 @@ class BenchConfig:
         if self.speculative_file_words < 1 or self.speculative_edit_every < 0:
             raise ValueError("the copy workload's file needs words (and edits every n ≥ 0)")
         counts = (self.turn_max_tokens, self.decode_tokens, self.concurrency_tokens,
-                  self.speculative_tokens)  # fmt: skip
+                  self.speculative_tokens, self.haiku_side_tokens)  # fmt: skip
         if min(*counts, self.concurrency_prompt_tokens) < 1:
             raise ValueError("token counts must be at least 1")
         if self.restart_wait_s < 0:

@@ -17,6 +17,7 @@ from mlxlaunch.bench.codex_session import (
     measure_codex_session,
 )
 from mlxlaunch.bench.config import BenchConfig
+from mlxlaunch.bench.haiku_tier import run_haiku_tier, tier_plan
 from mlxlaunch.bench.inprocess import InProcessModel
 from mlxlaunch.bench.machine import describe_machine, describe_model
 from mlxlaunch.bench.ours import OURS_NAME, LocalServer, start_local_server
@@ -55,6 +56,9 @@ class BenchOptions:
         peer: also run mlx-lm's own server.
         peer_timeout_s: how long the peer may take to load before it is left out.
         max_concurrency: our server's batch width (None: the engine's default).
+        small_model_dir: a small model for the haiku-tier workload (`bench.haiku_tier`),
+            served beside the main one as `--small-model` does (None: no such workload).
+        small_model_name: how the user named it.
     """
 
     model_dir: str
@@ -65,6 +69,8 @@ class BenchOptions:
     peer: bool = True
     peer_timeout_s: float = 300.0
     max_concurrency: int | None = None
+    small_model_dir: str | None = None
+    small_model_name: str | None = None
 
     def engine_options(self) -> dict[str, Any]:
         """EngineConfig arguments for our server beyond the model."""
@@ -215,6 +221,33 @@ async def _run(options: BenchOptions, progress: ProgressSink, cache_dir: Path) -
             local = None  # stopped above (the peer's stop() is idempotent)
             progress.advance()
         servers["restart"] = restart
+        if options.small_model_dir:
+            # Its own servers (ours with and without the small model, the peer): alone.
+            for target in targets:
+                await target.aclose()
+            targets = []
+            if local:
+                local.stop()
+                local = None
+            if peer:
+                peer.stop()
+            if options.url:
+                warnings.append(
+                    "haiku tier left out: it compares servers started here with and without "
+                    "--small-model, not the server at --url"
+                )
+            else:
+                servers["haiku_tier"], tier_warnings = await run_haiku_tier(
+                    tier_plan(plan.prompt, config),
+                    model_dir=options.model_dir,
+                    small_model_dir=options.small_model_dir,
+                    small_name=options.small_model_name or options.small_model_dir,
+                    progress=progress,
+                    peer=peer is not None,
+                    peer_timeout_s=options.peer_timeout_s,
+                    engine_options=options.engine_options(),
+                )
+                warnings += tier_warnings
         if config.speculative or plan.tool_loop:
             # Their own models and servers, alone on the machine: stop these first.
             for target in targets:

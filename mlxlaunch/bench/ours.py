@@ -8,6 +8,7 @@ from typing import Any
 
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
+from mlxlaunch.engine.models import ModelSet, ServedModel, companion_config
 from mlxlaunch.server.app import ServerSettings
 from mlxlaunch.server.runner import ServerHandle, start_server
 
@@ -18,7 +19,7 @@ OURS_NAME = "mlxlaunch"
 class LocalServer:
     """An engine with its model loaded, served over HTTP on loopback."""
 
-    engine: Engine
+    engine: Engine | ModelSet
     handle: ServerHandle
     auth_token: str
 
@@ -43,9 +44,17 @@ class LocalServer:
         self.engine.close()
 
 
-async def start_local_server(model_dir: str, **engine_options: Any) -> LocalServer:
-    """Load `model_dir` into a new engine and serve it on a free loopback port."""
-    engine = Engine(EngineConfig(model=model_dir, **engine_options))
+async def start_local_server(
+    model_dir: str, *, small_model: str | None = None, **engine_options: Any
+) -> LocalServer:
+    """Load `model_dir` into a new engine and serve it on a free loopback port; with
+    `small_model`, that model beside it for Claude Code's haiku tier, as
+    `mlx serve --small-model` serves it."""
+    config = EngineConfig(model=model_dir, **engine_options)
+    engine: Engine | ModelSet = Engine(config)
+    if small_model is not None:
+        small = ServedModel(companion_config(config, small_model), role="small")
+        engine = ModelSet([ServedModel(config), small])
     try:
         engine.start()
         await engine.load()

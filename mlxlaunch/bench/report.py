@@ -152,6 +152,7 @@ def build_report(
             "new_session": servers["new_session"],
             "restart": servers.get("restart", {}),
             "tool_loop": servers.get("tool_loop", {}),
+            "haiku_tier": servers.get("haiku_tier", {}),
             "codex_session": servers.get("codex_session", {}),
             "concurrency": servers["concurrency"],
             "decode": {"runs": servers["decode"], "ceiling": limits["decode_ceiling"]},

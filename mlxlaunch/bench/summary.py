@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlxlaunch.bench.haiku_tier import ONE_MODEL, with_small_model
+from mlxlaunch.bench.haiku_tier import WORKLOAD as HAIKU_TIER
+from mlxlaunch.bench.ours import OURS_NAME
+from mlxlaunch.bench.peer import PEER_NAME
 from mlxlaunch.bench.stats import intervals, percentile, speedup, spread, summarize, throughput
 from mlxlaunch.bench.workloads import TURN_KINDS
 
@@ -248,6 +252,35 @@ def codex_session_rows(servers: dict[str, Any]) -> list[SummaryRow]:
     return rows
 
 
+def _haiku_tier_rows(servers: dict[str, Any]) -> list[SummaryRow]:
+    """The haiku tier's rows: ours with the small model beside the peer, ours on one model in
+    each row's note (none when the workload did not run)."""
+    tier = servers.get("haiku_tier")
+    if not tier or not tier.get("rounds"):
+        return []
+    names: list[str] = tier["targets"]
+    small = with_small_model(tier["small_model"])
+    metrics: tuple[tuple[str, Callable[[dict[str, Any]], list[Any]]], ...] = (
+        ("main TTFT alone p50", lambda r: [r["main_alone"].get("ttft_s")]),
+        (
+            f"main TTFT, {tier['side_streams']} side streams p50",
+            lambda r: [r["main_beside"].get("ttft_s")],
+        ),
+        ("side request alone p50", lambda r: [r["side_alone"].get("total_s")]),
+        ("side request beside main p50", lambda r: [s.get("total_s") for s in r["side_beside"]]),
+    )
+    rows = []
+    for metric, pick in metrics:
+        values = {n: _p((x for r in tier["rounds"] for x in pick(r["results"][n])), 50)
+                  for n in names}  # fmt: skip
+        shown = {OURS_NAME: values.get(small)} | {n: values[n] for n in names if n == PEER_NAME}
+        note = f"--small-model {tier['small_model']}"
+        if values.get(ONE_MODEL) is not None:
+            note += f"; one model: {values[ONE_MODEL]:.2f} s"
+        rows.append(SummaryRow(HAIKU_TIER, metric, "s", False, shown, notes={OURS_NAME: note}))
+    return rows
+
+
 def _tool_loop_rows(servers: dict[str, Any]) -> list[SummaryRow]:
     """A row per kind of turn of the tool loop (the new prompts are what it is for)."""
     loop = servers.get("tool_loop")
@@ -444,9 +477,16 @@ WORKLOADS = ("agent-session", "new-session", "restart", "concurrency", "decode",
 OWN_MODEL_WORKLOADS = ("tool-loop",)
 # Other agents' sessions on the same model and servers, over their own APIs.
 OTHER_CLIENT_WORKLOADS = ("codex-session",)
+# Our server with a small model beside the main one (`mlx bench --small-model`).
+TWO_MODEL_WORKLOADS = (HAIKU_TIER,)
 # The order of the table: the sessions first (Codex's beside Claude Code's), then the rest.
 ROW_ORDER = (
-    WORKLOADS[:1] + OTHER_CLIENT_WORKLOADS + WORKLOADS[1:2] + OWN_MODEL_WORKLOADS + (WORKLOADS[2:])
+    WORKLOADS[:1]
+    + OTHER_CLIENT_WORKLOADS
+    + TWO_MODEL_WORKLOADS
+    + WORKLOADS[1:2]
+    + OWN_MODEL_WORKLOADS
+    + (WORKLOADS[2:])
 )
 
 
@@ -461,6 +501,7 @@ def summary_rows(servers: dict[str, Any], limits: dict[str, Any]) -> list[Summar
         _session_rows(servers, limits)
         + _agent_reuse_row(servers)
         + codex_session_rows(servers)
+        + _haiku_tier_rows(servers)
         + _tool_loop_rows(servers)
         + _restart_rows(servers, limits)
         + _decode_rows(servers, limits)

@@ -76,13 +76,11 @@ def anthropic_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return out
 
 
-def anthropic_body(
-    conversation: Conversation, *, max_tokens: int, model: str = BENCH_MODEL
-) -> dict[str, Any]:
+def anthropic_body(conversation: Conversation, *, max_tokens: int) -> dict[str, Any]:
     """A streaming `POST /v1/messages` body; thinking as Claude Code asks for it when the
     conversation wants it (adaptive, but shown: the first thinking delta is the first token)."""
     body: dict[str, Any] = {
-        "model": model,
+        "model": conversation.model or BENCH_MODEL,
         "max_tokens": max_tokens,
         "stream": True,
         "temperature": temperature_of(conversation),
@@ -145,7 +143,9 @@ def openai_body(
     conversation: Conversation, *, max_tokens: int, model: str = PEER_MODEL
 ) -> dict[str, Any]:
     """A streaming `POST /v1/chat/completions` body for mlx_lm.server, asking for usage
-    (prompt and cached token counts) in the last chunk; thinking as the conversation wants."""
+    (prompt and cached token counts) in the last chunk; thinking as the conversation wants.
+    The conversation's model id is not sent: mlx_lm.server would load whatever model a request
+    names, and it serves every tier on its one model, as peers do."""
     body: dict[str, Any] = {
         "model": model,
         "max_tokens": max_tokens,

@@ -35,14 +35,16 @@ _WORDS = (
 @dataclass
 class Conversation:
     """One request's worth of conversation: system text, tools and messages, whether the
-    request asks for thinking (Claude Code does; the other workloads leave it off), and its
-    temperature (None: the bench's default, `wire.TEMPERATURE`)."""
+    request asks for thinking (Claude Code does; the other workloads leave it off), its
+    temperature (None: the bench's default, `wire.TEMPERATURE`) and the model id an agent
+    would send with it (None: the bench's own; the haiku tier's id picks our small model)."""
 
     system: str
     tools: tuple[ToolSpec, ...]
     messages: list[ChatMessage] = field(default_factory=list)
     thinking: bool = False
     temperature: float | None = None
+    model: str | None = None
 
     def with_messages(self, *extra: ChatMessage) -> Conversation:
         """A copy with `extra` messages appended (the original is left as it was)."""

@@ -120,6 +120,16 @@ def bench(
             help="Replay Codex CLI's captured session over /v1/responses, beside Claude Code's.",
         ),
     ] = True,
+    small_model: Annotated[
+        str | None,
+        typer.Option(
+            "--small-model",
+            help="Also time the main turn beside Claude Code's side requests (haiku tier): ours "
+            "with this small model beside the main one, with the main one only, and mlx-lm's "
+            "server.",
+            show_default=False,
+        ),
+    ] = None,
     max_concurrency: Annotated[
         int | None,
         typer.Option(min=1, help="Our server's batch width (default: the engine's)."),
@@ -178,13 +188,18 @@ def bench(
     restarted as a new process (ours on the same prefix-cache directory) and a new session's
     first turn is timed. Last, speculative decoding: ours with --speculate auto beside off on
     a copy workload (a test model rewriting a file) and on this model's decode prompt, with
-    `mlx_lm.server --draft-model` on the copy workload, in a table of its own.
+    `mlx_lm.server --draft-model` on the copy workload, in a table of its own. With
+    --small-model, the haiku tier: the main turn alone and beside four side requests (session
+    titles under the haiku tier's id), on ours with the small model, ours without it and
+    mlx-lm's server.
 
     Examples:
 
       mlx bench --quick --model tiny
 
       mlx bench --model qwen-coder-7b --turns 8
+
+      mlx bench --model qwen-coder-30b --small-model qwen3-0.6b
 
       mlx bench --model ./my-model --url http://127.0.0.1:8080 --no-peer
 
@@ -202,6 +217,8 @@ def bench(
         raise ConfigError("--url measures one server already running; --hosts starts its own")
     if cluster is None and ranks is not None:
         raise ConfigError("--ranks needs --hosts or --hostfile")
+    if cluster is not None and small_model:
+        raise ConfigError("--small-model is measured on one machine; --hosts serves one model")
     from mlxlaunch.bench.config import BenchConfig
     from mlxlaunch.bench.report import caveats, markdown_table, render_table
 
@@ -216,6 +233,7 @@ def bench(
         concurrency_tokens=concurrency_tokens,
         concurrency_rounds=rounds,
         speculative_rounds=rounds,
+        haiku_rounds=rounds,
         speculative=speculative,
         restart=restart,
         tool_loop=tool_loop,
@@ -240,6 +258,8 @@ def bench(
         auth_token=auth_token,
         peer=peer,
         max_concurrency=max_concurrency,
+        small_model_dir=str(resolve_name(small_model)) if small_model else None,
+        small_model_name=small_model,
     )
     with _progress(console) as progress:
         outcome = asyncio.run(run_benchmark(options, ProgressBars(progress)))
