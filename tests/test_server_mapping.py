@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 from pictures import anthropic_block, png
+from starlette.datastructures import Headers
 
 from mlxlaunch.engine.types import ChatMessage, InvalidRequest, ToolCallRecord, ToolChoice
 from mlxlaunch.protocol.requests import CountTokensRequest, MessagesRequest
+from mlxlaunch.server.agent_headers import MAX_ID_CHARS, AgentHeaders
 from mlxlaunch.server.images import ImageAccess
 from mlxlaunch.server.mapping import shows_thinking, to_generation_request
 
@@ -196,6 +198,33 @@ def test_kinds() -> None:
     assert _map(system=sub, tools=[tool]).kind == "subagent"
     assert _map(system="You are a helpful bot", tools=[tool]).kind == "other"
     assert _map().kind == "other"
+
+
+def test_claude_codes_headers_class_a_request_over_its_system_prompt() -> None:
+    """An agent id is a subagent's request even with the main loop's prompt; a Claude Code
+    session's request with tools is the main loop's even with a prompt of the user's own; the
+    session id keys the conversation in stats. Without tools or for a title, nothing changes."""
+    tool = {"name": "Read", "input_schema": {"type": "object"}}
+    main = "You are an interactive agent that helps users with software engineering tasks."
+    body = {"model": "m", "max_tokens": 9, "messages": [{"role": "user", "content": "hi"}]}
+
+    def kind(headers: dict[str, str], **fields: Any) -> tuple[str, str]:
+        request = MessagesRequest.model_validate(body | fields)
+        gen = to_generation_request(request, agent=AgentHeaders.of(Headers(headers)))
+        return gen.kind, gen.cache_key
+
+    session = {"X-Claude-Code-Session-Id": "c22fbc83"}
+    subagent = session | {"X-Claude-Code-Agent-Id": "agent-7"}
+    assert kind({}, system=main, tools=[tool]) == ("main", "")
+    assert kind(subagent, system=main, tools=[tool]) == ("subagent", "c22fbc83")
+    assert kind(subagent, system="Review the diff.", tools=[tool]) == ("subagent", "c22fbc83")
+    assert kind(session, system="My own agent prompt.", tools=[tool]) == ("main", "c22fbc83")
+    assert kind({}, system="My own agent prompt.", tools=[tool]) == ("other", "")
+    assert kind(session, system="Summarise this page.") == ("other", "c22fbc83")  # no tools
+    web_search = {"type": "web_search_20250305", "name": "web_search"}
+    assert kind(session, system="Search.", tools=[web_search])[0] == "other"  # a server tool
+    long_id = {"x-claude-code-session-id": "s" * 500}
+    assert len(kind(long_id)[1]) == MAX_ID_CHARS
 
 
 def test_media_is_marked_not_dropped() -> None:

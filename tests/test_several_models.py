@@ -164,10 +164,25 @@ def test_both_models_are_listed_and_report_their_own_stats(
         assert small["counters"]["requests_completed"] == 1
         assert small["recent"][-1]["model_alias"] == "claude-haiku-4-5"
         assert stats["models"][0]["counters"]["requests_completed"] == 0
+        assert small["recent"][-1]["kind"] == "other" and small["recent"][-1]["cache_key"] == ""
         assert stats["counters"] == stats["models"][0]["counters"]  # the top level: main's
         metrics = httpx.get(server.url + "/metrics", headers=headers).text
         assert 'mlxlaunch_model_loaded{model="little",role="small"} 1.0' in metrics
         assert 'mlxlaunch_model_generated_tokens_total{model="big",role="main"} 0.0' in metrics
+        # Claude Code's headers class a request: its session's main loop (a prompt of the
+        # user's own) and a subagent (its agent id), each under the session's key.
+        tool = {"name": "Read", "input_schema": {"type": "object"}}
+        for agent in ({}, {"x-claude-code-agent-id": "agent-1"}):
+            client.messages.create(
+                model="claude-sonnet-4-6", max_tokens=2, system="My own prompt.", tools=[tool],
+                messages=[{"role": "user", "content": "t"}],
+                extra_headers={"x-claude-code-session-id": "session-9"} | agent,
+            )  # fmt: skip
+        recent = httpx.get(server.url + "/v1/stats", headers=headers).json()["recent"]
+        assert [(r["kind"], r["cache_key"]) for r in recent[-2:]] == [
+            ("main", "session-9"),
+            ("subagent", "session-9"),
+        ]
 
 
 def test_a_small_model_that_cannot_load_leaves_the_main_one_serving(

@@ -38,6 +38,7 @@ from mlxlaunch.protocol.requests import (
     ToolResultPart,
     ToolUseBlock,
 )
+from mlxlaunch.server.agent_headers import NO_AGENT, AgentHeaders
 from mlxlaunch.server.images import (
     IMAGE_PLACEHOLDER,
     TEXT_ONLY,
@@ -70,6 +71,7 @@ def to_generation_request(
     *,
     request_id: str = "",
     images: ImageAccess = TEXT_ONLY,
+    agent: AgentHeaders = NO_AGENT,
 ) -> GenerationRequest:
     """Map a validated request body to the engine's request.
 
@@ -80,6 +82,8 @@ def to_generation_request(
         request_id: the engine request id (the response's `msg_…` id).
         images: whether the model sees images, and their limits (`server.images`): a user's
             image to a text-only model is a 400, one in a tool result a placeholder.
+        agent: Claude Code's session and agent ids from the request's headers: they class the
+            request (main loop or subagent) and key its conversation in stats.
 
     Raises:
         InvalidRequest: the conversation is inconsistent (a tool_result for an unknown call, a
@@ -104,7 +108,8 @@ def to_generation_request(
     tools += [web_search_spec(tool.name) for tool in req.tools or [] if tool.is_web_search]
     response_format = req.response_format
     thinking_on, budget = thinking_settings(req)
-    kind = request_kind(req, system_text)
+    has_tools = any(tool.is_client_tool for tool in req.tools or [])
+    kind = agent.classify(request_kind(req, system_text), has_tools=has_tools)
     schema = dict(response_format.json_schema) if response_format else None
 
     if isinstance(req, MessagesRequest):
@@ -133,6 +138,7 @@ def to_generation_request(
         request_id=request_id,
         kind=kind,
         model_alias=req.model,
+        cache_key=agent.session_id,
     )
 
 

@@ -26,6 +26,7 @@ from mlxlaunch.protocol.events import ErrorEvent, PingEvent
 from mlxlaunch.protocol.requests import CountTokensRequest, MessagesRequest
 from mlxlaunch.protocol.responses import CountTokensResponse
 from mlxlaunch.protocol.sse import encode_event
+from mlxlaunch.server.agent_headers import AgentHeaders
 from mlxlaunch.server.auth import Guard
 from mlxlaunch.server.blocks import TIMINGS_HEADER, ContentBlockStream, new_message_id
 from mlxlaunch.server.bodies import parse_body
@@ -87,6 +88,7 @@ class MessagesApi:
                 context.body,
                 request_id=message_id,
                 images=images,
+                agent=AgentHeaders.of(request.headers),
             )
         )
         if turn is not None:  # its next turn continues this conversation: keep its KV

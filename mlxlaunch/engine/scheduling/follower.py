@@ -169,6 +169,7 @@ class Follower:
             held=prompt[:cached],
             sampler=sampler,
             snapshot=self._caches.snapshots_wanted,
+            urgent=op.main,
         )
         self._sequences[uid] = _Sequence(op, cached)
 

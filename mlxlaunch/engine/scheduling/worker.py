@@ -370,6 +370,7 @@ class Worker:
             processors=processors,
             drafter=job.drafter,
             snapshot=self._caches.snapshots_wanted,
+            urgent=request.kind == "main",
         )
         job.uid = uid
         job.started_at = self.config.clock()
