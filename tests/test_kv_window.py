@@ -108,3 +108,6 @@ def test_a_launch_that_loads_later_advertises_what_fits(tiny_model_dir: Path) ->
     assert eight == int(3000 * kv.bytes_per_token(None) / kv.bytes_per_token(8, 32))
     assert chosen.context_window(memory_share=None) == 40_960  # the model's own, uncapped
     assert chosen.context_window(2048, memory_share=share) == 2048  # a smaller override
+    # A small model served beside it (--small-model) takes its weights' room from the KV.
+    beside = 1000 * kv.bytes_per_token(None)
+    assert 1990 <= chosen.context_window(memory_share=share, beside_bytes=beside) <= 2000

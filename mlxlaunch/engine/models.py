@@ -44,6 +44,7 @@ from mlxlaunch.engine.engine import Engine
 from mlxlaunch.engine.scheduling.conductor import Conductor
 from mlxlaunch.engine.stats import EngineStats, StatsBook
 from mlxlaunch.engine.types import (
+    Admitted,
     EngineEvent,
     EngineUnavailable,
     GenerationRequest,
@@ -93,6 +94,11 @@ class ServedModel:
     pinned: bool = True  # False: loaded on demand, closed to make room for another
     weights_bytes: int = 0  # its weight files' size (the memory budget counts them)
     last_used: float = field(default_factory=time.monotonic)
+
+    @property
+    def name(self) -> str:
+        """How logs name it: its first id, else its directory's name."""
+        return self.names[0] if self.names else Path(self.config.model).name
 
     def picks(self, model_id: str) -> bool:
         wanted = model_id.strip().lower()
@@ -153,18 +159,19 @@ class ModelSet:
 
     async def load(self) -> ModelInfo:
         """Load every model (the main one's failure raises; another's is noted and logged,
-        and its requests go to the main model); the main model's facts."""
-        loading = [m for m in self.models if m.engine is not None]
+        and its requests go to the main model); the main model's facts.
+
+        The main model loads last: its engine measures the memory in use once its weights are
+        in, and sizes the window it serves (what Claude Code is told) by what is left, so the
+        other models' weights must be in by then."""
+        others = [m for m in self.models[1:] if m.engine is not None]
         results = await asyncio.gather(
-            *(m.engine.load() for m in loading if m.engine is not None), return_exceptions=True
+            *(m.engine.load() for m in others if m.engine is not None), return_exceptions=True
         )
-        for model, result in zip(loading, results, strict=True):
-            if isinstance(result, BaseException) and model is not self.models[0]:
+        for model, result in zip(others, results, strict=True):
+            if isinstance(result, BaseException):
                 self._failed(model, result)
-        main = results[0]
-        if isinstance(main, BaseException):
-            raise main
-        return main
+        return await self.main.load()
 
     def _failed(self, model: ServedModel, error: BaseException) -> None:
         detail = error.message if isinstance(error, MlxLaunchError) else str(error)
@@ -218,7 +225,7 @@ class ModelSet:
     async def submit(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
         """The routed model's `Engine.submit`; a prompt the small model's window cannot hold
         goes to the main model instead."""
-        routed = await self._serving(request.model_alias)
+        routed = served = await self._serving(request.model_alias)
         engine = routed.engine
         assert engine is not None
         stream = engine.submit(request)
@@ -236,10 +243,13 @@ class ModelSet:
                 "%s: %s the %s model; the main one serves it", request.request_id, why, routed.role
             )
             await stream.aclose()
+            served = self.models[0]
             stream = self.main.submit(request)
             first = await anext(stream)
         except StopAsyncIteration:
             return
+        if isinstance(first, Admitted) and len(self.models) > 1:
+            first = replace(first, served_by=served.name)
         try:
             yield first
             async for event in stream:

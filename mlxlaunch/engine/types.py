@@ -154,6 +154,8 @@ class Admitted:
     # all of it, within a seam (prefix_hit), clearly less (partial), nothing (fresh); None: not
     # judged (read `cached_tokens` alone).
     cache_reuse: Literal["prefix_hit", "partial", "fresh"] | None = None
+    # The model that serves it, where a server serves several (engine/models.py); "": the one.
+    served_by: str = ""
 
 
 @dataclass(frozen=True)

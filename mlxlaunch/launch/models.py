@@ -102,16 +102,18 @@ class ChosenModel:
         kv_bits: int | None = None,
         kv_group_size: int | None = None,
         memory_share: float | None = ENGINE_MEMORY_SHARE,
+        beside_bytes: int = 0,
     ) -> int:
         """The window the engine will serve, read from config.json without loading weights:
         the model's (or `override`), capped by the KV of how many tokens fit beside the
-        weights in `memory_share` of RAM (None: not capped), KV held at `kv_bits`."""
+        weights (and `beside_bytes` of other models' weights served with it) in
+        `memory_share` of RAM (None: not capped), KV held at `kv_bits`."""
         config = read_config(self.path)
         window = context_window_of(config, override)
         kv = kv_shape_of(config)
         if kv is None or memory_share is None:
             return window
-        weights = weights_size(self.path)
+        weights = weights_size(self.path) + beside_bytes
         per_token = kv.bytes_per_token(kv_bits, kv_group_size or DEFAULT_KV_GROUP_SIZE)
         return max(2, window_that_fits(window, weights, per_token, share=memory_share))
 

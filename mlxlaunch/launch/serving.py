@@ -42,6 +42,7 @@ from mlxlaunch.protocol.limits import plain_model_id
 from mlxlaunch.server.app import ServerSettings
 from mlxlaunch.server.runner import DEFAULT_DRAIN_S, ServerHandle, start_server
 from mlxlaunch.store.catalog import vision_pick
+from mlxlaunch.store.facts import weights_size
 from mlxlaunch.store.memory import system_memory_bytes, usable_memory
 from mlxlaunch.store.resolve import resolve_model
 
@@ -280,6 +281,7 @@ def _load(
     if load == "background":
         warm_up_in_background(engine)  # the model and its cached prefixes, while the user types
     config = engine.config
+    beside = sum(weights_size(Path(m.config.model)) for m in engine.models[1:] if not m.failure)
     return model.context_window(
-        context_length, config.kv_bits, config.kv_group_size, config.memory_fraction
+        context_length, config.kv_bits, config.kv_group_size, config.memory_fraction, beside
     )

@@ -79,8 +79,11 @@ class RequestLog:
         cached = usage.cached_tokens if usage else (admitted.cached_tokens if admitted else 0)
         # Cut short (a cancel, a shutdown): no Done, but what was sent still counts.
         output = usage.output_tokens if usage else self.outputs
+        # Which model served it, where the server serves several (its id may name another).
+        served = f" served={shown(admitted.served_by)}" if admitted and admitted.served_by else ""
         log.info(
-            "%s model=%s prompt=%d cached=%d output=%d ttft=%.2fs tok/s=%.1f draft=%d/%d status=%d",
+            "%s model=%s prompt=%d cached=%d output=%d ttft=%.2fs tok/s=%.1f draft=%d/%d "
+            "status=%d%s",
             self.request_id,
             shown(self.model),
             prompt,
@@ -91,6 +94,7 @@ class RequestLog:
             timings.accepted_tokens if timings else 0,
             timings.drafted_tokens if timings else 0,
             status,
+            served,
         )
 
     def _ttft(self) -> float:

@@ -34,9 +34,10 @@ def _launch(
     model: Path | str,
     outputs: list[str] | None,
     claude_args: list[str],
+    *options: str,
 ) -> tuple[subprocess.CompletedProcess[str], str]:
-    """`mlx launch claude --model MODEL -- CLAUDE_ARGS` in a fresh work directory; `outputs`
-    are the scripted replies (None: the model's own, e.g. the demo's)."""
+    """`mlx launch claude --model MODEL OPTIONS -- CLAUDE_ARGS` in a fresh work directory;
+    `outputs` are the scripted replies (None: the model's own, e.g. the demo's)."""
     work = tmp_path / "work"
     work.mkdir()
     mlx = MLX
@@ -50,6 +51,7 @@ def _launch(
             claude,
             claude_args,
             *(["--env", "CLAUDE_CODE_MAX_OUTPUT_TOKENS=64"] if outputs is not None else []),
+            *options,
         ),
         work,
         launch_env(tmp_path),
@@ -126,3 +128,25 @@ def test_the_demo_runs_a_real_tool_round_trip(tmp_path: Path, real_claude: Path)
     written = tmp_path / "work" / "hello.txt"
     assert written.read_text().strip() == DEMO_FILE_TEXT
     assert "full tool round trip" in done.stdout
+
+
+@pytest.mark.slow
+def test_the_haiku_tier_is_served_by_the_small_model(
+    tmp_path: Path, real_claude: Path, small_model_dir: Path, tiny_model_dir: Path
+) -> None:
+    """`mlx launch claude --small-model tiny`: Claude Code's own `--model haiku` names the tier
+    the launcher set (ANTHROPIC_DEFAULT_HAIKU_MODEL), and the small model answers it."""
+    reply = "Hello from the small model."
+    done, log = _launch(
+        tmp_path,
+        real_claude,
+        small_model_dir,
+        [f"</think>\n\n{reply}"] * 3,
+        ["-p", "hello", "--model", "haiku"],
+        "--small-model",
+        str(tiny_model_dir),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert reply in done.stdout
+    served = re.findall(r"msg_\w+ model=(\S+) .* status=200 served=(\S+)", log)
+    assert served and all(by == tiny_model_dir.name for _, by in served), log
