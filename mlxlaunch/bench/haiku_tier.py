@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlxlaunch.bench.clients import AnthropicTarget, OpenAITarget, Target
+from mlxlaunch.bench.clients import AnthropicTarget, Target
 from mlxlaunch.bench.config import BenchConfig
 from mlxlaunch.bench.ours import OURS_NAME, LocalServer, start_local_server
-from mlxlaunch.bench.peer import PEER_NAME, PeerFailed, PeerServer
+from mlxlaunch.bench.peer import PeerServer, ready_target
 from mlxlaunch.bench.progress import ProgressSink
 from mlxlaunch.bench.prompt import AgentPrompt
 from mlxlaunch.bench.runner import alternate
@@ -239,11 +239,8 @@ async def run_haiku_tier(
                 ours[name] = local
                 targets.append(AnthropicTarget(name, local.url, auth_token=local.auth_token))
             if other is not None:
-                try:
-                    await asyncio.to_thread(other.wait_ready, peer_timeout_s)
-                    targets.append(OpenAITarget(PEER_NAME, other.url))
-                except PeerFailed as exc:
-                    warnings.append(f"{PEER_NAME} left out of the haiku tier: {exc.message}")
+                ready = await ready_target(other, peer_timeout_s, warnings, "haiku tier")
+                targets += [ready] if ready else []
             progress.advance()
             progress.begin("haiku tier, alternating", tier_steps(plan, len(targets)))
             figures = await measure_tier(targets, plan, progress)

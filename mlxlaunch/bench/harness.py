@@ -113,6 +113,17 @@ def _codex_targets(
     return targets
 
 
+async def _stop(targets: list[Target], local: LocalServer | None, peer: PeerServer | None) -> None:
+    """Close the clients and stop both servers (a stopped peer's `stop` is a no-op: it stays
+    named, so later workloads start a peer of their own)."""
+    for target in targets:
+        await target.aclose()
+    if local is not None:
+        local.stop()
+    if peer is not None:
+        peer.stop()
+
+
 async def run_benchmark(
     options: BenchOptions, progress: ProgressSink | None = None
 ) -> BenchOutcome:
@@ -198,17 +209,13 @@ async def _run(options: BenchOptions, progress: ProgressSink, cache_dir: Path) -
         if plan.restart is not None and (local or peer):
             # Stop both first: each restarted server is measured alone on the machine, and
             # ours writes its pending prefixes to the cache directory as it stops.
-            for target in targets:
-                await target.aclose()
-            targets = []
-            if local:
-                local.stop()
-            if peer:
-                peer.stop()
+            ours_restarts = local is not None
+            await _stop(targets, local, peer)
+            targets, local = [], None
             progress.begin("restarting the servers", 1)
             restart, restart_warnings = await restart_both(
                 model_dir=options.model_dir,
-                cache_dir=cache_dir if local else None,
+                cache_dir=cache_dir if ours_restarts else None,
                 auth_token=secrets.token_hex(16),
                 peer=peer is not None,
                 conversation=plan.restart,
@@ -218,19 +225,12 @@ async def _run(options: BenchOptions, progress: ProgressSink, cache_dir: Path) -
                 serve_args=options.serve_args(),
             )
             warnings += restart_warnings
-            local = None  # stopped above (the peer's stop() is idempotent)
             progress.advance()
         servers["restart"] = restart
         if options.small_model_dir:
             # Its own servers (ours with and without the small model, the peer): alone.
-            for target in targets:
-                await target.aclose()
-            targets = []
-            if local:
-                local.stop()
-                local = None
-            if peer:
-                peer.stop()
+            await _stop(targets, local, peer)
+            targets, local = [], None
             if options.url:
                 warnings.append(
                     "haiku tier left out: it compares servers started here with and without "
@@ -250,14 +250,8 @@ async def _run(options: BenchOptions, progress: ProgressSink, cache_dir: Path) -
                 warnings += tier_warnings
         if config.speculative or plan.tool_loop:
             # Their own models and servers, alone on the machine: stop these first.
-            for target in targets:
-                await target.aclose()
-            targets = []
-            if local:
-                local.stop()
-                local = None
-            if peer:
-                peer.stop()
+            await _stop(targets, local, peer)
+            targets, local = [], None
         if config.speculative and options.url:
             warnings.append(
                 "speculative decoding left out: it compares servers started here with "

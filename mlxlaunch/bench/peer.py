@@ -7,6 +7,7 @@ the same BLAS and thread settings as the bench.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 import httpx
 
 from mlxlaunch.bench.child import ChildServer
+from mlxlaunch.bench.clients import OpenAITarget
 from mlxlaunch.errors import MlxLaunchError
 
 PEER_NAME = "mlx_lm.server"
@@ -74,3 +76,16 @@ class PeerServer(ChildServer):
         raise PeerFailed(
             f"{PEER_NAME} did not become ready in {timeout_s:.0f} s", hint=self.log_tail()
         )
+
+
+async def ready_target(
+    peer: PeerServer, timeout_s: float, warnings: list[str], workload: str, name: str = PEER_NAME
+) -> OpenAITarget | None:
+    """The peer as a target once it is ready (it was started earlier, to load meanwhile);
+    None, and a warning saying why, when it did not become ready."""
+    try:
+        await asyncio.to_thread(peer.wait_ready, timeout_s)
+    except PeerFailed as exc:
+        warnings.append(f"{name} left out of the {workload}: {exc.message}")
+        return None
+    return OpenAITarget(name, peer.url)

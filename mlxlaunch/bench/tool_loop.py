@@ -17,15 +17,14 @@ this process on a fresh cache directory, mlx_lm.server as a child, both on the b
 
 from __future__ import annotations
 
-import asyncio
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mlxlaunch.bench.clients import AnthropicTarget, OpenAITarget, Target
+from mlxlaunch.bench.clients import AnthropicTarget, Target
 from mlxlaunch.bench.ours import OURS_NAME, LocalServer, start_local_server
-from mlxlaunch.bench.peer import PEER_NAME, PeerFailed, PeerServer
+from mlxlaunch.bench.peer import PeerServer, ready_target
 from mlxlaunch.bench.progress import ProgressSink
 from mlxlaunch.bench.runner import alternate
 from mlxlaunch.bench.workloads import LoopTurn, short_chat
@@ -114,11 +113,8 @@ async def run_tool_loop(
             )
             targets.append(AnthropicTarget(OURS_NAME, local.url, auth_token=local.auth_token))
             if other is not None:
-                try:
-                    await asyncio.to_thread(other.wait_ready, peer_timeout_s)
-                    targets.append(OpenAITarget(PEER_NAME, other.url))
-                except PeerFailed as exc:
-                    warnings.append(f"{PEER_NAME} left out of the tool loop: {exc.message}")
+                ready = await ready_target(other, peer_timeout_s, warnings, "tool loop")
+                targets += [ready] if ready else []
             progress.advance()
             progress.begin("tool loop, alternating", tool_loop_steps(turns, len(targets)))
             figures = await measure_tool_loop(
