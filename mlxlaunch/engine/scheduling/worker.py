@@ -181,7 +181,18 @@ class Worker:
         done.set_result(None)
 
     def enqueue(self, job: Job) -> None:
-        """Worker thread: accept a job, tell the caller it is admitted, queue it for a slot."""
+        """Worker thread: accept a job, tell the caller it is admitted, queue it for a slot.
+        A fault here (a bug, not the request's) fails this request with a 500 and a log line
+        with the traceback: it must not leave the client waiting for an answer."""
+        try:
+            self._enqueue(job)
+        except Exception as exc:
+            logging.getLogger(__name__).exception("%s could not be queued", job.request_id)
+            if job in self._waiting:
+                self._waiting.remove(job)
+            self._end_with_error(job, GenerationFailed(f"could not queue the request: {exc}"))
+
+    def _enqueue(self, job: Job) -> None:
         if job.finished:  # cancelled before it got here
             return
         if self._stopping:
@@ -280,7 +291,16 @@ class Worker:
         return timeout
 
     def turn(self, idle: bool) -> None:
-        """After the commands: the idle chores, or one step of the batch."""
+        """After the commands: the idle chores, or one step of the batch. A fault that gets
+        this far (a bug) fails the batch's requests with a 500 and a logged traceback, and
+        the loop goes on: none of them is left waiting, and the queued ones are served."""
+        try:
+            self._turn(idle)
+        except Exception as exc:
+            logging.getLogger(__name__).exception("an engine step failed")
+            self._fail_batch(exc)
+
+    def _turn(self, idle: bool) -> None:
         if idle and self._lockstep is not None and not self._lockstep.beat_due():
             self._cluster_call(self._lockstep.beat)
         if idle and not self._running and not self._waiting:
