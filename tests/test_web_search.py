@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from engine_helpers import Served
 
-from mlxlaunch.server.blocks import WEB_SEARCH_NOT_CONFIGURED
+from mlxlaunch.server.web_search import WEB_SEARCH_NOT_CONFIGURED
 
 pytestmark = pytest.mark.slow  # every test here serves a model
 

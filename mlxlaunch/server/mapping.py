@@ -45,6 +45,7 @@ from mlxlaunch.server.images import (
     ImageCheck,
     anthropic_image,
 )
+from mlxlaunch.server.web_search import WebSearchPolicy
 
 BILLING_HEADER_PREFIX = "x-anthropic-billing-header:"
 BLOCK_SEPARATOR = "\n\n"
@@ -155,9 +156,18 @@ def web_search_spec(name: str) -> ToolSpec:
     )
 
 
-def server_tool_names(req: CountTokensRequest) -> frozenset[str]:
-    """Names of the request's server tools whose calls the server answers itself."""
-    return frozenset(tool.name for tool in req.tools or [] if tool.is_web_search)
+def search_policies(req: CountTokensRequest) -> dict[str, WebSearchPolicy]:
+    """The request's web search tools by name, whose calls the server answers itself."""
+    return {
+        tool.name: WebSearchPolicy(
+            tool.name,
+            max_uses=tool.max_uses,
+            allowed_domains=tuple(tool.allowed_domains or ()),
+            blocked_domains=tuple(tool.blocked_domains or ()),
+        )
+        for tool in req.tools or []
+        if tool.is_web_search
+    }
 
 
 def system_prompt(blocks: Sequence[TextBlock]) -> str:

@@ -23,7 +23,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from mlxlaunch.engine.types import EngineEvent
 from mlxlaunch.protocol.openai_responses import (
     InputItem,
     InputItemOrEasy,
@@ -50,6 +49,7 @@ from mlxlaunch.server.responses_mapping import to_generation_request
 from mlxlaunch.server.responses_stream import ResponseStream, new_response, new_response_id
 from mlxlaunch.server.settings import ServerSettings, ServingEngine
 from mlxlaunch.server.streaming import answer_whole, stream_response, submit
+from mlxlaunch.server.web_search import ServedEvent
 
 _ITEMS = TypeAdapter(list[InputItemOrEasy])
 KEEPALIVE = b": keepalive\n\n"  # an SSE comment: clients skip it, proxies see traffic
@@ -157,14 +157,14 @@ class ResponseWire:
     def finished(self) -> bool:
         return self.stream.finished
 
-    async def frames(self, event: EngineEvent) -> AsyncIterator[bytes]:
+    async def frames(self, event: ServedEvent) -> AsyncIterator[bytes]:
         events = self.stream.feed(event)
         if self.stream.finished:
             await asyncio.to_thread(self.keep, self.stream.response)
         for item in events:
             yield frame(item.type, item.model_dump(mode="json"))
 
-    def absorb(self, event: EngineEvent) -> None:
+    def absorb(self, event: ServedEvent) -> None:
         self.stream.feed(event)
 
     async def settle(self) -> None:

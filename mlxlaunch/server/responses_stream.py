@@ -21,7 +21,6 @@ from typing import Any
 from mlxlaunch.engine.types import (
     Admitted,
     Done,
-    EngineEvent,
     Progress,
     TextDelta,
     ThinkingDelta,
@@ -56,6 +55,7 @@ from mlxlaunch.protocol.openai_responses import (
 )
 from mlxlaunch.server.call_arguments import model_arguments
 from mlxlaunch.server.responses_mapping import ToolNames, client_call_id
+from mlxlaunch.server.web_search import ServedEvent
 
 log = logging.getLogger("mlxlaunch.server")
 
@@ -104,7 +104,7 @@ class ResponseStream:
     def finished(self) -> bool:
         return self._finished
 
-    def feed(self, event: EngineEvent) -> list[StreamEvent]:
+    def feed(self, event: ServedEvent) -> list[StreamEvent]:
         """The stream events that follow from one engine event (often none or one)."""
         out: list[StreamEvent] = []
         if isinstance(event, Progress):
