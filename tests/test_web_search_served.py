@@ -201,3 +201,29 @@ def test_tool_choice_forces_a_search_that_runs(tiny_model_dir: Path, service: Fa
         assert message.usage.server_tool_use.web_search_requests == 1
     else:  # a blank query written by random weights is refused before any request
         assert message.content[1].content.error_code == "invalid_tool_input"
+
+
+def test_the_next_turn_carries_the_search_back_and_continues_its_prompt(
+    served_search: Served,
+) -> None:
+    """Claude Code sends the answer's blocks back on its next turn: accepted, and rendered as
+    the call and its result exactly as the continuation saw them (so its cached prefix is
+    reused)."""
+    served_search.scripted.enqueue(_call("mlx arrays"))
+    served_search.scripted.enqueue(ANSWER)
+    first = _ask(served_search, _tool())
+    continued = served_search.rendered(-1)
+    history = [
+        *ASK,
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+        {"role": "user", "content": "And who makes it?"},
+    ]
+    served_search.scripted.enqueue("Apple's machine learning research.")
+    second = served_search.client.messages.create(
+        model="claude-haiku-4-5", max_tokens=50, messages=history, tools=[_tool()]
+    )
+    assert [b.type for b in second.content] == ["text"]
+    again = served_search.rendered(-1)
+    assert again.startswith(continued), (continued[-300:], again[len(continued) - 300 :])
+    assert ANSWER in again[len(continued) :]
+    assert second.usage.cache_read_input_tokens > 0

@@ -53,7 +53,8 @@ SERVER_CALL_PREFIX = "srvtoolu_"
 MAX_ROUNDS = 8
 # Marks the page text we put in `encrypted_content`, so a history's result reads back to it.
 _PAGE_MARK = "mlx1:"
-# How a failed tool call reads to the model (the same mark as client tools' errors).
+# Chat templates have no field for a failed tool call; the result text says so instead
+# (client tools' errors too: server/mapping.py).
 TOOL_ERROR_MARK = "[tool error]"
 
 
@@ -141,21 +142,30 @@ def error_text(code: WebSearchErrorCode) -> str:
 def search_call_messages(
     assistant: ChatMessage, outcomes: Sequence[SearchOutcome]
 ) -> list[ChatMessage]:
-    """The assistant turn that called the search tool (`assistant`, its text so far) with the
-    calls, then each call's result as a tool message, as the model reads them."""
-    calls = [ToolCallRecord(o.call_id, o.name, {"query": o.query}) for o in outcomes]
-    turn = replace(assistant, tool_calls=[*assistant.tool_calls, *calls])
-    answers = [
-        ChatMessage(
-            role="tool",
-            content=error_text(o.error) if o.error else results_text(o.query, o.results),
-            tool_call_id=o.call_id,
-            name=o.name,
-            is_error=o.error is not None,
+    """How search calls and their results read to the model: each call an assistant turn
+    (the first is `assistant`, with the text written before it) followed by its result as a
+    tool message. A history carries them back as blocks in that order, whichever round made
+    them, so one shape reads the same from both."""
+    out: list[ChatMessage] = []
+    for number, outcome in enumerate(outcomes):
+        turn = assistant if number == 0 else ChatMessage(role="assistant")
+        call = ToolCallRecord(outcome.call_id, outcome.name, {"query": outcome.query})
+        out.append(replace(turn, tool_calls=[*turn.tool_calls, call]))
+        text = (
+            error_text(outcome.error)
+            if outcome.error
+            else results_text(outcome.query, outcome.results)
         )
-        for o in outcomes
-    ]
-    return [turn, *answers]
+        out.append(
+            ChatMessage(
+                role="tool",
+                content=text,
+                tool_call_id=outcome.call_id,
+                name=outcome.name,
+                is_error=outcome.error is not None,
+            )
+        )
+    return out
 
 
 @dataclass
