@@ -194,13 +194,12 @@ def test_tool_choice_forces_a_search_that_runs(tiny_model_dir: Path, service: Fa
         )
     types = [b.type for b in message.content]
     assert types[:2] == ["server_tool_use", "web_search_tool_result"], types
-    query = message.content[0].input["query"]
-    assert isinstance(query, str)
-    if query.strip():
-        assert service.queries == [query.strip()]
-        assert message.usage.server_tool_use.web_search_requests == 1
-    else:  # a blank query written by random weights is refused before any request
-        assert message.content[1].content.error_code == "invalid_tool_input"
+    # The grammar may write several calls at once; each non-blank query reached the backend
+    # (a blank one, written by random weights, is refused before any request).
+    queries = [b.input["query"] for b in message.content if b.type == "server_tool_use"]
+    assert all(isinstance(query, str) for query in queries)
+    assert service.queries == [query.strip() for query in queries if query.strip()]
+    assert message.usage.server_tool_use.web_search_requests == len(service.queries)
 
 
 def test_the_next_turn_carries_the_search_back_and_continues_its_prompt(
