@@ -56,6 +56,7 @@ from mlxlaunch.server.web_search import (
     WebSearchPolicy,
     decode_page,
     search_call_messages,
+    web_search_spec,
 )
 
 BILLING_HEADER_PREFIX = "x-anthropic-billing-header:"
@@ -143,25 +144,6 @@ def to_generation_request(
         request_id=request_id,
         kind=kind,
         model_alias=req.model,
-    )
-
-
-# The web search server tool as the model is offered it: the server answers its calls
-# (server/blocks.py), so the model may call it whatever the client can run.
-WEB_SEARCH_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {"query": {"type": "string", "minLength": 1, "maxLength": 200}},
-    "required": ["query"],
-    "additionalProperties": False,
-}
-
-
-def web_search_spec(name: str) -> ToolSpec:
-    """The engine tool that stands for the request's web search server tool."""
-    return ToolSpec(
-        name=name,
-        description="Search the web. Returns result titles, URLs and snippets.",
-        parameters=WEB_SEARCH_SCHEMA,
     )
 
 

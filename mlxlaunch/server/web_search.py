@@ -18,6 +18,7 @@ import logging
 import secrets
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 from urllib.parse import urlsplit
 
 from mlxlaunch.engine.types import (
@@ -34,6 +35,7 @@ from mlxlaunch.engine.types import (
     ToolCallStart,
     ToolChoice,
     ToolInputDelta,
+    ToolSpec,
     Usage,
 )
 from mlxlaunch.protocol.responses import WebSearchErrorCode
@@ -56,6 +58,25 @@ _PAGE_MARK = "mlx1:"
 # Chat templates have no field for a failed tool call; the result text says so instead
 # (client tools' errors too: server/mapping.py).
 TOOL_ERROR_MARK = "[tool error]"
+
+
+# The web search server tool as the model is offered it: the server answers its calls
+# (`ServerToolLoop`), so the model may call it whatever the client can run.
+WEB_SEARCH_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"query": {"type": "string", "minLength": 1, "maxLength": 200}},
+    "required": ["query"],
+    "additionalProperties": False,
+}
+
+
+def web_search_spec(name: str) -> ToolSpec:
+    """The engine tool that stands for the request's web search server tool."""
+    return ToolSpec(
+        name=name,
+        description="Search the web. Returns result titles, URLs and snippets.",
+        parameters=WEB_SEARCH_SCHEMA,
+    )
 
 
 @dataclass(frozen=True)
