@@ -226,3 +226,20 @@ def test_the_next_turn_carries_the_search_back_and_continues_its_prompt(
     assert again.startswith(continued), (continued[-300:], again[len(continued) - 300 :])
     assert ANSWER in again[len(continued) :]
     assert second.usage.cache_read_input_tokens > 0
+
+
+def test_the_brave_backend_end_to_end(tiny_model_dir: Path, service: FakeSearch) -> None:
+    """The keyed API through the whole path: the token goes in its header, the results come
+    from Brave's `web.results` shape."""
+    from search_fakes import BRAVE_TOKEN
+
+    service.reset()
+    backend = SearchBackend("brave", service.url, api_key=BRAVE_TOKEN, timeout_s=1.0)
+    with serve(tiny_model_dir, settings={"search": backend}) as server:
+        server.scripted.enqueue(_call("mlx"))
+        server.scripted.enqueue(ANSWER)
+        message = _ask(server, _tool(blocked_domains=["example.com"]))
+    assert service.queries == ["mlx"]
+    assert [r.url for r in message.content[1].content] == [HITS[0]["url"], HITS[1]["url"]]
+    assert message.content[1].content[0].page_age == HITS[0]["publishedDate"]
+    assert message.content[2].text == ANSWER
