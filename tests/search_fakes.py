@@ -1,6 +1,9 @@
 """A local search service for tests: one real HTTP server (http.server on a thread) that
 speaks SearXNG's JSON API (`GET /search?q=…&format=json`) and Brave's Search API
-(`GET /res/v1/web/search?q=…`, `X-Subscription-Token`), with failures on demand."""
+(`GET /res/v1/web/search?q=…`, `X-Subscription-Token`), with failures on demand.
+
+A pytest plugin (conftest.py): `search_server` is one such server per test module, and
+`search_service` the same one reset (answers 200, no delay, no queries seen) for a test."""
 
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+import pytest
 
 BRAVE_TOKEN = "test-brave-token"
 
@@ -109,3 +114,17 @@ def fake_search() -> Iterator[FakeSearch]:
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+@pytest.fixture(scope="module")
+def search_server() -> Iterator[FakeSearch]:
+    """The module's local search service (for module-scoped fixtures: its URL)."""
+    with fake_search() as fake:
+        yield fake
+
+
+@pytest.fixture
+def search_service(search_server: FakeSearch) -> FakeSearch:
+    """The module's local search service, reset for this test."""
+    search_server.reset()
+    return search_server

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from engine_helpers import Served, serve
-from search_fakes import HITS, FakeSearch, fake_search
+from search_fakes import HITS, FakeSearch
 
 from mlxlaunch.server.search_backends import SearchBackend
 from mlxlaunch.server.web_search import WEB_SEARCH_NOT_CONFIGURED
@@ -24,14 +24,8 @@ ANSWER = "MLX is an array framework (https://ml-explore.github.io/mlx/build/html
 
 
 @pytest.fixture(scope="module")
-def service() -> Iterator[FakeSearch]:
-    with fake_search() as fake:
-        yield fake
-
-
-@pytest.fixture(scope="module")
-def codex(tiny_model_dir: Path, service: FakeSearch) -> Iterator[Served]:
-    backend = SearchBackend("searxng", service.url, timeout_s=1.0)
+def codex(tiny_model_dir: Path, search_server: FakeSearch) -> Iterator[Served]:
+    backend = SearchBackend("searxng", search_server.url, timeout_s=1.0)
     with serve(tiny_model_dir, sdk="openai", settings={"search": backend}) as server:
         yield server
 
@@ -42,8 +36,9 @@ def _create(served: Served, tool: dict[str, Any], **more: Any) -> Any:
     )
 
 
-def test_a_web_search_call_runs_and_the_model_answers(codex: Served, service: FakeSearch) -> None:
-    service.reset()
+def test_a_web_search_call_runs_and_the_model_answers(
+    codex: Served, search_service: FakeSearch
+) -> None:
     codex.scripted.enqueue(CALL)
     codex.scripted.enqueue(ANSWER)
     response = _create(codex, {"type": "web_search"})
@@ -53,14 +48,15 @@ def test_a_web_search_call_runs_and_the_model_answers(codex: Served, service: Fa
     assert call.action.type == "search" and call.action.query == "mlx arrays"
     assert [source.url for source in call.action.sources] == [h["url"] for h in HITS]
     assert message.content[0].text == ANSWER
-    assert service.queries == ["mlx arrays"]
+    assert search_service.queries == ["mlx arrays"]
     continued = codex.rendered(-1)
     assert HITS[0]["url"] in continued and HITS[0]["content"] in continued
     assert response.status == "completed"
 
 
-def test_the_stream_has_the_search_events_in_order(codex: Served, service: FakeSearch) -> None:
-    service.reset()
+def test_the_stream_has_the_search_events_in_order(
+    codex: Served, search_service: FakeSearch
+) -> None:
     codex.scripted.enqueue(CALL)
     codex.scripted.enqueue(ANSWER)
     kinds: list[str] = []
@@ -90,10 +86,9 @@ def test_the_stream_has_the_search_events_in_order(codex: Served, service: FakeS
 
 
 def test_a_failing_backend_is_a_failed_call_and_the_model_goes_on(
-    codex: Served, service: FakeSearch
+    codex: Served, search_service: FakeSearch
 ) -> None:
-    service.reset()
-    service.status = 500
+    search_service.status = 500
     codex.scripted.enqueue(CALL)
     codex.scripted.enqueue("I could not search.")
     response = _create(codex, {"type": "web_search"})

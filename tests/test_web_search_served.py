@@ -16,7 +16,7 @@ from typing import Any
 import anthropic
 import pytest
 from engine_helpers import Served, serve
-from search_fakes import HITS, FakeSearch, fake_search
+from search_fakes import HITS, FakeSearch
 
 from mlxlaunch.server.search_backends import SearchBackend
 from mlxlaunch.server.web_search import decode_page
@@ -35,21 +35,14 @@ ASK = [{"role": "user", "content": "What is MLX? Search the web."}]
 
 
 @pytest.fixture(scope="module")
-def service() -> Iterator[FakeSearch]:
-    with fake_search() as fake:
-        yield fake
-
-
-@pytest.fixture(scope="module")
-def searching(tiny_model_dir: Path, service: FakeSearch) -> Iterator[Served]:
-    backend = SearchBackend("searxng", service.url, timeout_s=1.0)
+def searching(tiny_model_dir: Path, search_server: FakeSearch) -> Iterator[Served]:
+    backend = SearchBackend("searxng", search_server.url, timeout_s=1.0)
     with serve(tiny_model_dir, settings={"search": backend}) as server:
         yield server
 
 
 @pytest.fixture
-def served_search(searching: Served, service: FakeSearch) -> Served:
-    service.reset()
+def served_search(searching: Served, search_service: FakeSearch) -> Served:
     return searching
 
 
@@ -69,7 +62,7 @@ def _tool(**settings: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 def test_the_search_runs_and_the_model_answers_from_its_results(
-    served_search: Served, service: FakeSearch, stream: bool
+    served_search: Served, search_service: FakeSearch, stream: bool
 ) -> None:
     served_search.scripted.enqueue(_call("mlx arrays"))
     served_search.scripted.enqueue(ANSWER)
@@ -81,7 +74,7 @@ def test_the_search_runs_and_the_model_answers_from_its_results(
     ]
     call, result, text = message.content
     assert call.id.startswith("srvtoolu_") and call.input == {"query": "mlx arrays"}
-    assert service.queries == ["mlx arrays"]
+    assert search_service.queries == ["mlx arrays"]
     assert result.tool_use_id == call.id
     assert [(r.type, r.url, r.title) for r in result.content] == [
         ("web_search_result", h["url"], h["title"]) for h in HITS
@@ -99,7 +92,7 @@ def test_the_search_runs_and_the_model_answers_from_its_results(
 
 
 def test_calls_beyond_max_uses_get_max_uses_exceeded(
-    served_search: Served, service: FakeSearch
+    served_search: Served, search_service: FakeSearch
 ) -> None:
     served_search.scripted.enqueue(_call("first"))
     served_search.scripted.enqueue(_call("second"))
@@ -110,7 +103,7 @@ def test_calls_beyond_max_uses_get_max_uses_exceeded(
         "server_tool_use", "web_search_tool_result", "server_tool_use",
         "web_search_tool_result", "text",
     ]  # fmt: skip
-    assert service.queries == ["first"]  # the second never reached the backend
+    assert search_service.queries == ["first"]  # the second never reached the backend
     assert isinstance(message.content[1].content, list)
     assert message.content[3].content.error_code == "max_uses_exceeded"
     assert message.usage.server_tool_use.web_search_requests == 1
@@ -151,9 +144,9 @@ def test_both_domain_lists_are_a_400(served_search: Served) -> None:
     ids=["500", "429", "timeout"],
 )
 def test_a_failing_backend_is_the_tools_error_and_the_model_goes_on(
-    served_search: Served, service: FakeSearch, status: int, delay_s: float, code: str
+    served_search: Served, search_service: FakeSearch, status: int, delay_s: float, code: str
 ) -> None:
-    service.status, service.delay_s = status, delay_s
+    search_service.status, search_service.delay_s = status, delay_s
     served_search.scripted.enqueue(_call("mlx"))
     served_search.scripted.enqueue("I could not search.")
     message = _ask(served_search, _tool(), stream=True)
@@ -183,11 +176,12 @@ def test_a_client_call_beside_the_search_ends_the_turn_for_the_client(
     assert message.stop_reason == "tool_use"
 
 
-def test_tool_choice_forces_a_search_that_runs(tiny_model_dir: Path, service: FakeSearch) -> None:
+def test_tool_choice_forces_a_search_that_runs(
+    tiny_model_dir: Path, search_service: FakeSearch
+) -> None:
     """No script: the engine's grammar writes the forced call, the backend is asked its
     query, and the model goes on freely after the result (no second forced call)."""
-    service.reset()
-    backend = SearchBackend("searxng", service.url, timeout_s=1.0)
+    backend = SearchBackend("searxng", search_service.url, timeout_s=1.0)
     with serve(tiny_model_dir, settings={"search": backend}, scripted=False) as server:
         message = _ask(
             server, _tool(), max_tokens=60, tool_choice={"type": "tool", "name": "web_search"}
@@ -198,8 +192,8 @@ def test_tool_choice_forces_a_search_that_runs(tiny_model_dir: Path, service: Fa
     # (a blank one, written by random weights, is refused before any request).
     queries = [b.input["query"] for b in message.content if b.type == "server_tool_use"]
     assert all(isinstance(query, str) for query in queries)
-    assert service.queries == [query.strip() for query in queries if query.strip()]
-    assert message.usage.server_tool_use.web_search_requests == len(service.queries)
+    assert search_service.queries == [query.strip() for query in queries if query.strip()]
+    assert message.usage.server_tool_use.web_search_requests == len(search_service.queries)
 
 
 def test_the_next_turn_carries_the_search_back_and_continues_its_prompt(
@@ -228,18 +222,17 @@ def test_the_next_turn_carries_the_search_back_and_continues_its_prompt(
     assert second.usage.cache_read_input_tokens > 0
 
 
-def test_the_brave_backend_end_to_end(tiny_model_dir: Path, service: FakeSearch) -> None:
+def test_the_brave_backend_end_to_end(tiny_model_dir: Path, search_service: FakeSearch) -> None:
     """The keyed API through the whole path: the token goes in its header, the results come
     from Brave's `web.results` shape."""
     from search_fakes import BRAVE_TOKEN
 
-    service.reset()
-    backend = SearchBackend("brave", service.url, api_key=BRAVE_TOKEN, timeout_s=1.0)
+    backend = SearchBackend("brave", search_service.url, api_key=BRAVE_TOKEN, timeout_s=1.0)
     with serve(tiny_model_dir, settings={"search": backend}) as server:
         server.scripted.enqueue(_call("mlx"))
         server.scripted.enqueue(ANSWER)
         message = _ask(server, _tool(blocked_domains=["example.com"]))
-    assert service.queries == ["mlx"]
+    assert search_service.queries == ["mlx"]
     assert [r.url for r in message.content[1].content] == [HITS[0]["url"], HITS[1]["url"]]
     assert message.content[1].content[0].page_age == HITS[0]["publishedDate"]
     assert message.content[2].text == ANSWER

@@ -36,7 +36,7 @@ from mlxlaunch.server.safeguards import PendingCheck, SafetyCheck, SafetyCheckSe
 from mlxlaunch.server.settings import ServerSettings, ServingEngine
 from mlxlaunch.server.streaming import CACHED_TOKENS_HEADER, answer_whole, stream_response, submit
 from mlxlaunch.server.threads import ThreadStore, ThreadTurn
-from mlxlaunch.server.web_search import ServedEvent, ServerToolLoop
+from mlxlaunch.server.web_search import ServedEvent, request_runner
 
 
 def messages_routes(engine: ServingEngine, settings: ServerSettings, guard: Guard) -> list[Route]:
@@ -101,14 +101,9 @@ class MessagesApi:
             server_tools=frozenset(policies),
         )
         record = RequestLog(message_id, body.model, time.monotonic())
-        runner = ServerToolLoop(self.engine, policies, self.settings.search) if policies else None
+        runner = request_runner(self.engine, policies, self.settings.search)
         generation = await submit(
-            runner or self.engine,
-            gen,
-            record,
-            self.settings,
-            stream=body.stream,
-            translate=engine_error,
+            runner, gen, record, self.settings, stream=body.stream, translate=engine_error
         )
         check = self.safety.for_request(body)
         wire = MessageWire(blocks, self.threads, turn, check, self.settings.heartbeat_s)

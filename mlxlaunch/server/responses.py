@@ -50,7 +50,7 @@ from mlxlaunch.server.responses_mapping import search_policies, to_generation_re
 from mlxlaunch.server.responses_stream import ResponseStream, new_response, new_response_id
 from mlxlaunch.server.settings import ServerSettings, ServingEngine
 from mlxlaunch.server.streaming import answer_whole, stream_response, submit
-from mlxlaunch.server.web_search import ServedEvent, ServerToolLoop
+from mlxlaunch.server.web_search import ServedEvent, request_runner
 
 _ITEMS = TypeAdapter(list[InputItemOrEasy])
 KEEPALIVE = b": keepalive\n\n"  # an SSE comment: clients skip it, proxies see traffic
@@ -118,14 +118,9 @@ class ResponsesApi:
             gen = replace(gen, pin_prefix_s=self.store.pin_s)
         stream = ResponseStream(_echo(body, response_id, store), names, frozenset(policies))
         record = RequestLog(response_id, body.model, time.monotonic())
-        runner = ServerToolLoop(self.engine, policies, self.settings.search) if policies else None
+        runner = request_runner(self.engine, policies, self.settings.search)
         generation = await submit(
-            runner or self.engine,
-            gen,
-            record,
-            self.settings,
-            stream=body.stream,
-            translate=_translate,
+            runner, gen, record, self.settings, stream=body.stream, translate=_translate
         )
         wire = ResponseWire(stream, partial(self._keep, items if store else None))
         if body.stream:

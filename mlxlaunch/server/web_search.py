@@ -201,6 +201,14 @@ class _Round:
     done: Done | None = None
 
 
+def request_runner(
+    engine: ServingEngine, policies: dict[str, WebSearchPolicy], backend: SearchBackend | None
+) -> ServingEngine | ServerToolLoop:
+    """What a request runs on: the engine itself, or, when it offers a search tool (some
+    `policies`), the loop that answers the model's searches."""
+    return ServerToolLoop(engine, policies, backend) if policies else engine
+
+
 class ServerToolLoop:
     """The engine, as one request's drive loop sees it, with its web search calls answered.
 
