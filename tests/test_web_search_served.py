@@ -236,3 +236,38 @@ def test_the_brave_backend_end_to_end(tiny_model_dir: Path, search_service: Fake
     assert [r.url for r in message.content[1].content] == [HITS[0]["url"], HITS[1]["url"]]
     assert message.content[1].content[0].page_age == HITS[0]["publishedDate"]
     assert message.content[2].text == ANSWER
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+def test_a_client_that_leaves_during_the_search_gets_no_continuation(
+    served_search: Served, search_service: FakeSearch, stream: bool
+) -> None:
+    """The client gives up while the backend is slow: the answer stops there, and the
+    continuation (the model's second request) never runs."""
+    import time
+
+    import httpx
+
+    search_service.delay_s = 1.5
+    served_search.scripted.enqueue(_call("slow"))
+    served_search.scripted.enqueue(ANSWER)
+    before = len(served_search.scripted.requests)
+    body = {
+        "model": "claude-haiku-4-5", "max_tokens": 100, "messages": ASK, "stream": stream,
+        "tools": [_tool()],
+    }  # fmt: skip
+    with (
+        pytest.raises(httpx.ReadTimeout),
+        httpx.stream(
+            "POST", served_search.server.url + "/v1/messages", json=body, timeout=0.6
+        ) as answer,
+    ):
+        for _ in answer.iter_bytes():
+            pass
+    time.sleep(2.5)  # the search ends; a continuation would have started by now
+    assert search_service.queries == ["slow"]
+    assert len(served_search.scripted.requests) == before + 1
+    assert served_search.scripted.pending == 1
+    # The unused script is taken by a plain request, so the next test starts clean.
+    served_search.client.messages.create(model="m", max_tokens=60, messages=ASK)
+    assert served_search.scripted.pending == 0
