@@ -1,7 +1,9 @@
 """The user's own settings (`mlx config set default-model …`), kept in one TOML file.
 
-The file lives in the platform's user config directory (or `$MLXLAUNCH_CONFIG_DIR`), holds flat
-`key = value` pairs, and is only ever written by `save_config` so hand edits stay readable.
+The file lives in the platform's user config directory (or `$MLXLAUNCH_CONFIG_DIR`), holds
+`key = value` pairs (a dotted name such as `search.backend` is key `backend` of table
+`[search]`, as TOML reads it), and is only ever written by `_write_raw` so hand edits stay
+readable.
 Unknown keys in the file are kept and ignored, so an older mlxlaunch never destroys a newer
 one's settings. Every value is checked by the same rule when it is set and when the file is read
 (a hand edit included), so a bad one is a ConfigError naming the key, never a failed launch.
@@ -25,6 +27,8 @@ from mlxlaunch.home import private_dir
 
 CONFIG_DIR_ENV = "MLXLAUNCH_CONFIG_DIR"
 CONFIG_FILENAME = "config.toml"
+# The search API's key, where a user keeps it out of the config file.
+SEARCH_API_KEY_ENV = "MLXLAUNCH_SEARCH_API_KEY"
 
 # Claude Code's system prompt and tool definitions alone are ~15k tokens (14.5k measured with
 # 2.1.332); a smaller window fails every request, so it is refused up front.
@@ -74,6 +78,24 @@ def _text(text: str) -> str:
     return text.strip()
 
 
+SEARCH_BACKENDS = ("searxng", "brave")
+
+
+def _search_backend(text: str) -> str:
+    name = text.strip().lower()
+    if name not in SEARCH_BACKENDS:
+        raise ValueError(f"expected one of: {', '.join(SEARCH_BACKENDS)}")
+    return name
+
+
+def _http_url(text: str) -> str:
+    url = text.strip().rstrip("/")
+    scheme, _, rest = url.partition("://")
+    if scheme not in ("http", "https") or not rest:
+        raise ValueError("expected an http:// or https:// URL, such as http://127.0.0.1:8888")
+    return url
+
+
 @dataclass(frozen=True)
 class ConfigKey:
     """One setting: its name on the command line and in the file, and how to read it.
@@ -86,6 +108,7 @@ class ConfigKey:
     help: str
     parse: Callable[[str], Any]
     names_model: bool = False
+    secret: bool = False  # shown masked by `mlx config show`
 
 
 KEYS: dict[str, ConfigKey] = {
@@ -108,6 +131,23 @@ KEYS: dict[str, ConfigKey] = {
         ),
         ConfigKey(
             "keep-alive", "how long an idle model stays loaded, e.g. 30m, 2h or never", _duration
+        ),
+        ConfigKey(
+            "search.backend",
+            f"web search for the agents' search tool: {' or '.join(SEARCH_BACKENDS)} "
+            "(default: none)",
+            _search_backend,
+        ),
+        ConfigKey(
+            "search.url",
+            "the search backend's base URL (searxng: required; brave: its API by default)",
+            _http_url,
+        ),
+        ConfigKey(
+            "search.api-key",
+            f"the search API's key (brave), or set ${SEARCH_API_KEY_ENV}",
+            _text,
+            secret=True,
         ),
     )
 }
@@ -161,9 +201,20 @@ def _read_raw(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
     try:
-        return tomllib.loads(text)
+        return _flat(tomllib.loads(text))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}", hint=f"fix or delete {path}") from exc
+
+
+def _flat(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """TOML tables flattened to dotted names: `[search] backend = …` is `search.backend`."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[prefix + key] = value
+    return flat
 
 
 def load_config(env: Mapping[str, str] | None = None) -> UserConfig:
@@ -187,16 +238,39 @@ def load_config(env: Mapping[str, str] | None = None) -> UserConfig:
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
     # JSON string escapes are a subset of TOML basic-string escapes.
     return json.dumps(str(value), ensure_ascii=False)
 
 
+def _toml_key(key: str) -> str:
+    """A bare key where TOML allows one (`port`), else a quoted one (`"a.b"` stays one key)."""
+    return (
+        key
+        if key and all(c.isascii() and (c.isalnum() or c in "-_") for c in key)
+        else (json.dumps(key, ensure_ascii=False))
+    )
+
+
 def _write_raw(path: Path, raw: Mapping[str, Any]) -> None:
+    """Write flat dotted names back as TOML: plain keys first, then one `[table]` per prefix,
+    so the file reads back (`_flat`) to exactly the names written."""
     private_dir(path.parent)  # 0700 whatever the umask: nobody else may change settings
     lines = ["# mlxlaunch settings; change them with `mlx config set KEY VALUE`."]
-    lines += [f"{key} = {_toml_value(value)}" for key, value in raw.items()]
+    tables: dict[str, list[str]] = {}
+    for name, value in raw.items():
+        table, _, key = name.rpartition(".")
+        line = f"{_toml_key(key)} = {_toml_value(value)}"
+        if table:
+            tables.setdefault(table, []).append(line)
+        else:
+            lines.append(line)
+    for table, entries in tables.items():
+        header = ".".join(_toml_key(part) for part in table.split("."))
+        lines += ["", f"[{header}]", *entries]
     tmp = path.with_suffix(".tmp")
     tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
     os.replace(tmp, path)  # atomic, so a crash never leaves half a file

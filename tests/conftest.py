@@ -17,7 +17,7 @@ from tiers import QUICK_TIER, module_is_slow, tier_problem
 
 from mlxlaunch.blas import use_optimised_blas
 
-pytest_plugins = ["hub_fixtures", "served_fixtures", "e2e.launching"]
+pytest_plugins = ["hub_fixtures", "served_fixtures", "search_fakes", "e2e.launching"]
 
 # First, before any test imports mlx: libmlx binds its matmul to the first BLAS loaded, so the
 # suite runs on an installed OpenBLAS like `mlx` does, and on the reference BLAS without one.

@@ -394,7 +394,7 @@ def test_codex_history_maps_to_chat_messages() -> None:
     assert call.arguments == {"cmd": "echo tool-roundtrip-ok && uname -s"}
     assert gen.messages[4].tool_call_id == call.id
     assert gen.thinking and gen.kind == "main"
-    # Function and namespace tools flattened; web_search ignored.
+    # Function and namespace tools flattened; web_search not offered (no search backend).
     tool_names = {tool.name for tool in gen.tools}
     assert {"exec_command", "spawn_agent", "update_goal"} <= tool_names
     assert len(tool_names) == len(gen.tools) == 12  # 7 functions, 5 in the namespace

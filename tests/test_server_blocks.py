@@ -26,6 +26,8 @@ from mlxlaunch.engine.types import (
 )
 from mlxlaunch.protocol.sse import encode_event, parse_frames
 from mlxlaunch.server.blocks import ContentBlockStream, anthropic_stop_reason
+from mlxlaunch.server.search_backends import SearchResult
+from mlxlaunch.server.web_search import SearchOutcome, ServedEvent, decode_page
 
 
 def _run(events: list[EngineEvent], *, show_thinking: bool = True) -> tuple[bytes, dict[str, Any]]:
@@ -247,14 +249,18 @@ def test_streamed_tool_input_opens_the_block_before_the_arguments_end() -> None:
 
 
 @pytest.mark.parametrize("with_client_call", [False, True], ids=["server-only", "mixed"])
-def test_a_server_tool_call_is_answered_by_the_server(with_client_call: bool) -> None:
-    """A call of the request's web search tool is a `server_tool_use` block and its error
-    result, the same streamed (as the SDK accumulates it) and whole; the turn ends for the
-    client only if it also has a client call to run."""
-    events: list[EngineEvent] = [
-        ToolCallStart(id="c1", name="web_search"),
-        ToolInputDelta(id="c1", partial_json='{"query": "mlx"}'),
-        ToolCallEvent(id="c1", name="web_search", arguments='{"query": "mlx"}'),
+def test_a_server_tool_call_and_its_outcome_are_blocks(with_client_call: bool) -> None:
+    """A call of the request's web search tool is a `server_tool_use` block under the id the
+    server tool loop gave it, its outcome a `web_search_tool_result` block with the results
+    (page text opaque, readable back by us), the same streamed (as the SDK accumulates it)
+    and whole; the turn ends for the client only if it also has a client call to run."""
+    hit = SearchResult("https://ml-explore.github.io/mlx", "MLX", "An array framework", "2 days")
+    events: list[ServedEvent] = [
+        ToolCallStart(id="srvtoolu_1", name="web_search"),
+        ToolInputDelta(id="srvtoolu_1", partial_json='{"query": "mlx"}'),
+        ToolCallEvent(id="srvtoolu_1", name="web_search", arguments='{"query": "mlx"}'),
+        SearchOutcome("srvtoolu_1", "web_search", "mlx", results=(hit,)),
+        TextDelta("MLX is an array framework [1]."),
     ]
     if with_client_call:
         events.append(ToolCallEvent(id="c2", name="Read", arguments='{"file_path": "a"}'))
@@ -267,13 +273,40 @@ def test_a_server_tool_call_is_answered_by_the_server(with_client_call: bool) ->
     message = blocks.message.model_dump(mode="json")
     assert _sdk_message(sse)["content"] == message["content"]
     call, result, text, *rest = message["content"]
-    assert call["type"] == "server_tool_use" and call["id"].startswith("srvtoolu_")
-    assert call["input"] == {"query": "mlx"}
-    assert result == {
-        "type": "web_search_tool_result",
-        "tool_use_id": call["id"],
-        "content": {"type": "web_search_tool_result_error", "error_code": "unavailable"},
-    }
-    assert text["text"].startswith("web search is not configured: mlx config set search.backend")
+    assert call == {
+        "type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search",
+        "input": {"query": "mlx"},
+    }  # fmt: skip
+    assert result["type"] == "web_search_tool_result" and result["tool_use_id"] == "srvtoolu_1"
+    (entry,) = result["content"]
+    assert entry["type"] == "web_search_result" and entry["url"] == hit.url
+    assert entry["title"] == "MLX" and entry["page_age"] == "2 days"
+    assert decode_page(entry["encrypted_content"]) == "An array framework"
+    assert text["text"] == "MLX is an array framework [1]."
     assert [block["type"] for block in rest] == (["tool_use"] if with_client_call else [])
     assert message["stop_reason"] == ("tool_use" if with_client_call else "end_turn")
+    assert message["usage"]["server_tool_use"] == {
+        "web_search_requests": 1, "web_fetch_requests": 0
+    }  # fmt: skip
+
+
+def test_a_failed_search_is_the_error_result_and_is_not_counted() -> None:
+    blocks = ContentBlockStream(message_id="m", model="x", server_tools=frozenset({"web_search"}))
+    for event in (
+        ToolCallEvent(id="srvtoolu_2", name="web_search", arguments='{"query": "q"}'),
+        SearchOutcome("srvtoolu_2", "web_search", "q", error="too_many_requests"),
+        _done("end_turn"),
+    ):
+        blocks.feed(event)
+    message = blocks.message.model_dump(mode="json")
+    assert message["content"][1]["content"] == {
+        "type": "web_search_tool_result_error", "error_code": "too_many_requests"
+    }  # fmt: skip
+    assert message["usage"]["server_tool_use"]["web_search_requests"] == 0
+
+
+def test_usage_has_no_server_tool_counter_without_server_tools() -> None:
+    blocks = ContentBlockStream(message_id="m", model="x")
+    blocks.feed(TextDelta("hi"))
+    blocks.feed(_done("end_turn"))
+    assert "server_tool_use" not in blocks.message.model_dump(mode="json")["usage"]

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from engine_helpers import Served
 
-from mlxlaunch.server.blocks import WEB_SEARCH_NOT_CONFIGURED
+from mlxlaunch.server.web_search import WEB_SEARCH_NOT_CONFIGURED
 
 pytestmark = pytest.mark.slow  # every test here serves a model
 
@@ -58,9 +58,11 @@ def test_tool_choice_naming_the_server_tool_forces_the_call(tiny_served: Served)
         tool_choice={"type": "tool", "name": "web_search"},
     )
     types = [block.type for block in message.content]
-    assert types[:3] == ["server_tool_use", "web_search_tool_result", "text"], types
+    # The grammar may write several calls at once: each is answered, then one text says why.
+    assert types[-1] == "text" and len(types) % 2 == 1, types
+    assert types[:-1] == ["server_tool_use", "web_search_tool_result"] * (len(types) // 2)
     assert isinstance(message.content[0].input.get("query"), str)
-    assert WEB_SEARCH_NOT_CONFIGURED in message.content[2].text
+    assert WEB_SEARCH_NOT_CONFIGURED in message.content[-1].text
 
 
 @pytest.fixture(scope="module")

@@ -47,6 +47,10 @@ Examples:
   mlx config set context-length 32768
 
   mlx config set keep-alive 30m
+
+  mlx config set search.backend searxng
+
+  mlx config set search.url http://127.0.0.1:8888
 """
 
 GET_HELP = """Print one setting (nothing, exit 1, when it is unset).
@@ -114,7 +118,7 @@ def config_show(as_json: JsonOption = False) -> None:
     loaded = load_config()
     if as_json:
         # Every known key, null when unset, so scripts need not know which are.
-        settings = {key: loaded.get(key) for key in KEYS}
+        settings = {key: shown_value(key, loaded.get(key)) for key in KEYS}
         typer.echo(json.dumps({"path": str(config_path()), "settings": settings}, indent=2))
         return
     table = Table(title=str(config_path()), title_justify="left")
@@ -122,6 +126,15 @@ def config_show(as_json: JsonOption = False) -> None:
     table.add_column("value")
     table.add_column("meaning", style="dim")
     for key, spec in KEYS.items():
-        value = loaded.get(key)
+        value = shown_value(key, loaded.get(key))
         table.add_row(key, "-" if value is None else str(value), spec.help)
     stdout_console().print(table)
+
+
+def shown_value(key: str, value: object) -> object:
+    """A setting as `show` prints it: a secret (an API key) masked to its last four characters
+    (`mlx config get` prints it whole, for scripts)."""
+    if value is None or not KEYS[key].secret:
+        return value
+    text = str(value)
+    return "****" + text[-4:] if len(text) > 8 else "set"

@@ -18,7 +18,8 @@ from mlxlaunch.blas import ENV_CHOICE
 from mlxlaunch.blas_probe import BlasReport, blas_report
 from mlxlaunch.cluster.link import LinkFigures
 from mlxlaunch.cluster.preflight import MATCHED_PACKAGES, HostFacts, Preflight
-from mlxlaunch.config import load_config
+from mlxlaunch.config import UserConfig, load_config
+from mlxlaunch.errors import ConfigError
 from mlxlaunch.launch.claude_bin import (
     CLAUDE_CODE_PACKAGE,
     CLAUDE_CODE_VERSION,
@@ -36,6 +37,7 @@ from mlxlaunch.launch.node import (
     runs_under_node,
 )
 from mlxlaunch.launch.state import RunState, running_servers
+from mlxlaunch.server.search_backends import configured_backend
 from mlxlaunch.store.catalog import CatalogEntry, Recommendation, recommendation
 from mlxlaunch.store.compute import Compute
 from mlxlaunch.store.memory import (
@@ -90,6 +92,9 @@ class DoctorFacts:
     # Code's haiku tier (None: not set).
     default_model: str | None = None
     small_model: str | None = None
+    # The web search backend (`search.*` settings): what it is, or why it cannot serve.
+    search: str | None = None
+    search_problem: str | None = None
 
     @property
     def compute(self) -> Compute:
@@ -301,6 +306,17 @@ def _small_model_checks(f: DoctorFacts) -> list[Check]:
     return [Check(name, "warn", detail, "mlx models recommend --small")]
 
 
+def _search_check(f: DoctorFacts) -> Check:
+    if f.search_problem:
+        return Check("web search", "warn", f.search_problem, SEARCH_FIX)
+    if f.search is None:
+        return Check("web search", "info", "not configured (agents' searches say so)", SEARCH_FIX)
+    return Check("web search", "ok", f.search)
+
+
+SEARCH_FIX = "mlx config set search.backend searxng && mlx config set search.url http://HOST:PORT"
+
+
 def _disk_check(f: DoctorFacts) -> Check:
     best = _recommended_entry(f)
     needed = (best.size_bytes if best else 0) + DISK_HEADROOM
@@ -332,6 +348,7 @@ def run_checks(facts: DoctorFacts) -> list[Check]:
         *_small_model_checks(facts),
         _disk_check(facts),
         _server_check(facts),
+        _search_check(facts),
     ]
 
 
@@ -390,6 +407,7 @@ def gather_facts(
         claude = None
     cache = hub_cache_dir()
     settings = load_config()
+    search, search_problem = _search_facts(settings)
     return DoctorFacts(
         system=platform.system(),
         machine=platform.machine(),
@@ -410,7 +428,18 @@ def gather_facts(
         cpu_count=os.cpu_count() or 1,
         default_model=settings.get("default-model"),
         small_model=settings.get("default-small-model") or settings.get("small-model"),
+        search=search,
+        search_problem=search_problem,
     )
+
+
+def _search_facts(settings: UserConfig) -> tuple[str | None, str | None]:
+    """(the search backend's description or None, why it cannot serve or None)."""
+    try:
+        backend = configured_backend(settings)
+    except ConfigError as exc:
+        return None, str(exc)
+    return (backend.describe() if backend else None), None
 
 
 # --- several machines: `mlx doctor --hosts …` -------------------------------------------

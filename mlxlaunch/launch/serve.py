@@ -14,6 +14,7 @@ from typing import TextIO
 
 from rich.console import Console
 
+from mlxlaunch.config import load_config
 from mlxlaunch.engine.config import LogitsHook
 from mlxlaunch.errors import ConfigError
 from mlxlaunch.launch.claude_env import (
@@ -35,6 +36,7 @@ from mlxlaunch.launch.serving import ModelLoad
 from mlxlaunch.protocol.limits import plain_model_id
 from mlxlaunch.server.app import ServerSettings
 from mlxlaunch.server.guards import check_exposure, check_origin_spec
+from mlxlaunch.server.search_backends import configured_backend
 
 
 def serve_model(
@@ -73,6 +75,7 @@ def serve_model(
         allow_remote=options.allow_remote,
         allowed_origins=origins,
         model_id=plain_model_id(options.model),  # a path is not a model id clients may send
+        search=configured_backend(load_config()),
     )
     load: ModelLoad = "now" if options.preload else "on first request"
     with served(

@@ -45,6 +45,7 @@ from mlxlaunch.launch.served import Served, served
 from mlxlaunch.launch.server_log import logging_to, new_log_path, terminal_to_child
 from mlxlaunch.runstate import pid_alive
 from mlxlaunch.server.app import ServerSettings
+from mlxlaunch.server.search_backends import configured_backend
 
 
 def launch_agent(
@@ -85,6 +86,7 @@ def launch_agent(
         port=options.port or 0,
         auth_token=token,
         model_id=claude_model_id(chosen.served_id),  # what claude is told to send
+        search=configured_backend(config, environ),
     )
     max_output = options.max_output_tokens or _noise_cap(chosen)
     with logging_to(log_file), contextlib.ExitStack() as stack:

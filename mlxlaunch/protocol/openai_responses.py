@@ -1,13 +1,18 @@
 """Wire types of OpenAI's Responses API (`POST /v1/responses`), what Codex CLI speaks.
 
 Requests are lenient as Codex needs: unknown fields, unknown input-item types and unknown
-tool types (`web_search`, `custom`, `local_shell`, …) are accepted and dropped by the mapping
+tool types (`custom`, `local_shell`, …) are accepted and dropped by the mapping
 with a log note; what would change the output if misread is strict (roles, a function call's
 `call_id`/`name`/`arguments`, a function call output's `call_id`). A `namespace` tool (Codex
 0.171 puts its sub-agent tools in one) holds function tools, which are served flattened.
 
 Responses, output items, usage, stream events and the error envelope are the shapes the
-official SDK and Codex read; every stream event carries `type` and `sequence_number`.
+official SDK and Codex read; every stream event carries `type` and `sequence_number`. The
+hosted `web_search` tool is served (server/web_search.py): its call is a `web_search_call`.
+
+Why over 600 lines: this is one API's whole wire vocabulary (request, items, tools, the
+response, its stream events), each type a few lines; the discriminated unions name members
+from every part, so a split would only spread one vocabulary over modules that import it all.
 """
 
 from __future__ import annotations
@@ -244,9 +249,38 @@ class FunctionTool(ResponsesWire):
 
 
 class OtherTool(ResponsesWire):
-    """A hosted or custom tool (`web_search`, `custom`, `local_shell`, …): not served."""
+    """A hosted or custom tool (`custom`, `local_shell`, …): not served."""
 
     type: str = ""
+
+
+# The hosted web search tool's spellings (run by this server: server/web_search.py).
+WEB_SEARCH_TOOL_TYPES = (
+    "web_search",
+    "web_search_preview",
+    "web_search_2025_08_26",
+    "web_search_preview_2025_03_11",
+)
+
+
+class WebSearchFilters(ResponsesWire):
+    allowed_domains: Annotated[list[str], Field(max_length=limits.MAX_TOOLS)] | None = None
+
+
+class WebSearchTool(ResponsesWire):
+    """The hosted web search tool; `search_context_size` and `user_location` are accepted."""
+
+    type: str
+    filters: WebSearchFilters | None = None
+    search_context_size: str | None = None
+    user_location: dict[str, Any] | None = None
+
+
+def _tool_kind(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    if kind in WEB_SEARCH_TOOL_TYPES:
+        return "web_search"
+    return kind if kind in ("function", "namespace") else "other"
 
 
 NamespaceMember = Annotated[
@@ -269,8 +303,9 @@ class NamespaceTool(ResponsesWire):
 ResponsesTool = Annotated[
     Annotated[FunctionTool, Tag("function")]
     | Annotated[NamespaceTool, Tag("namespace")]
+    | Annotated[WebSearchTool, Tag("web_search")]
     | Annotated[OtherTool, Tag("other")],
-    _tag(("function", "namespace"), "other"),
+    Discriminator(_tool_kind),
 ]
 
 
@@ -421,7 +456,27 @@ class OutputReasoning(OutputWire):
     status: str = "in_progress"
 
 
-OutputItem = OutputMessage | OutputFunctionCall | OutputReasoning
+class SearchSource(OutputWire):
+    type: Literal["url"] = "url"
+    url: str
+
+
+class SearchAction(OutputWire):
+    type: Literal["search"] = "search"
+    query: str = ""
+    sources: list[SearchSource] | None = None
+
+
+class OutputWebSearchCall(OutputWire):
+    """A web search the server ran (`status` failed: the search gave no results)."""
+
+    type: Literal["web_search_call"] = "web_search_call"
+    id: str
+    status: Literal["in_progress", "searching", "completed", "failed"] = "in_progress"
+    action: SearchAction = Field(default_factory=SearchAction)
+
+
+OutputItem = OutputMessage | OutputFunctionCall | OutputReasoning | OutputWebSearchCall
 
 
 class InputTokensDetails(BaseModel):
@@ -530,6 +585,13 @@ class TextDoneEvent(StreamEvent):
     content_index: int
     text: str
     logprobs: list[Any] = Field(default_factory=list)
+
+
+class WebSearchCallEvent(StreamEvent):
+    """response.web_search_call.in_progress / .searching / .completed."""
+
+    item_id: str
+    output_index: int
 
 
 class ArgumentsDeltaEvent(StreamEvent):

@@ -81,6 +81,39 @@ class ToolUseBlock(WireModel):
     input: dict[str, Any]
 
 
+class ServerToolUseBlock(WireModel):
+    """A server tool's call (web search) that an earlier answer made, sent back as history."""
+
+    type: Literal["server_tool_use"]
+    id: Name
+    name: Name
+    input: dict[str, Any] = Field(default_factory=dict)
+
+
+class WebSearchResultPart(WireModel):
+    type: Literal["web_search_result"]
+    url: str
+    title: str = ""
+    encrypted_content: str = ""
+    page_age: str | None = None
+
+
+class WebSearchErrorPart(WireModel):
+    type: Literal["web_search_tool_result_error"]
+    error_code: str
+
+
+class WebSearchToolResultBlock(WireModel):
+    """A web search's outcome from an earlier answer, sent back as history."""
+
+    type: Literal["web_search_tool_result"]
+    tool_use_id: Name
+    content: (
+        Annotated[list[WebSearchResultPart], Field(max_length=limits.MAX_BLOCKS)]
+        | WebSearchErrorPart
+    )
+
+
 class ToolResultBlock(WireModel):
     type: Literal["tool_result"]
     tool_use_id: Name
@@ -115,7 +148,9 @@ ContentBlock = Annotated[
     | ToolUseBlock
     | ToolResultBlock
     | ThinkingBlock
-    | RedactedThinkingBlock,
+    | RedactedThinkingBlock
+    | ServerToolUseBlock
+    | WebSearchToolResultBlock,
     Discriminator("type"),
 ]
 
@@ -151,6 +186,11 @@ class Tool(WireModel):
     description: str = ""
     input_schema: JsonSchema | None = None
     strict: bool = False
+    # The web search tool's settings (others' are ignored).
+    max_uses: Annotated[int, Field(strict=True, ge=1)] | None = None
+    allowed_domains: Annotated[list[str], Field(max_length=limits.MAX_TOOLS)] | None = None
+    blocked_domains: Annotated[list[str], Field(max_length=limits.MAX_TOOLS)] | None = None
+    user_location: dict[str, Any] | None = None  # accepted; the backends take no location
 
     @property
     def is_client_tool(self) -> bool:
@@ -165,6 +205,8 @@ class Tool(WireModel):
     def _client_tools_have_schema(self) -> Tool:
         if self.is_client_tool and self.input_schema is None:
             raise ValueError("input_schema: Field required")
+        if self.is_web_search and self.allowed_domains and self.blocked_domains:
+            raise ValueError("allowed_domains and blocked_domains: only one of them may be given")
         return self
 
 

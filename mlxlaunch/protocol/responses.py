@@ -63,12 +63,22 @@ class WebSearchToolResultError(BaseModel):
     error_code: WebSearchErrorCode
 
 
+class WebSearchResult(BaseModel):
+    """One hit of a web search; `encrypted_content` is opaque to clients (they echo it)."""
+
+    type: Literal["web_search_result"] = "web_search_result"
+    url: str
+    title: str
+    encrypted_content: str
+    page_age: str | None = None
+
+
 class ResponseWebSearchToolResultBlock(BaseModel):
-    """The outcome of a `server_tool_use` web search (here: only its error, so far)."""
+    """The outcome of a `server_tool_use` web search: its results, or the tool's error."""
 
     type: Literal["web_search_tool_result"] = "web_search_tool_result"
     tool_use_id: str
-    content: WebSearchToolResultError
+    content: list[WebSearchResult] | WebSearchToolResultError
 
 
 ResponseContentBlock = Annotated[
@@ -81,6 +91,13 @@ ResponseContentBlock = Annotated[
 ]
 
 
+class ServerToolUsage(BaseModel):
+    """How often the server ran its own tools for one answer."""
+
+    web_search_requests: int = 0
+    web_fetch_requests: int = 0
+
+
 class Usage(BaseModel):
     """Token usage. `input_tokens` is only the uncached part of the prompt."""
 
@@ -88,6 +105,10 @@ class Usage(BaseModel):
     output_tokens: int = 0
     cache_creation_input_tokens: int = 0
     cache_read_input_tokens: int = 0
+    # Only on an answer whose request offered a server tool (web search), as the API does.
+    server_tool_use: ServerToolUsage | None = Field(
+        default=None, exclude_if=lambda value: value is None
+    )
 
 
 class Message(BaseModel):

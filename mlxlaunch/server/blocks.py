@@ -19,7 +19,6 @@ from pydantic import BaseModel
 from mlxlaunch.engine.types import (
     Admitted,
     Done,
-    EngineEvent,
     Progress,
     TextDelta,
     ThinkingDelta,
@@ -47,17 +46,25 @@ from mlxlaunch.protocol.events import (
 from mlxlaunch.protocol.limits import shown
 from mlxlaunch.protocol.responses import (
     Message,
-    ResponseContentBlock,
     ResponseServerToolUseBlock,
     ResponseTextBlock,
     ResponseThinkingBlock,
     ResponseToolUseBlock,
     ResponseWebSearchToolResultBlock,
+    ServerToolUsage,
     StopReason,
     Usage,
+    WebSearchResult,
     WebSearchToolResultError,
 )
 from mlxlaunch.server.call_arguments import model_arguments
+from mlxlaunch.server.web_search import (
+    SERVER_CALL_PREFIX,
+    SearchOutcome,
+    ServedEvent,
+    encode_page,
+    new_server_tool_use_id,
+)
 
 log = logging.getLogger("mlxlaunch.server")
 
@@ -94,12 +101,6 @@ def anthropic_usage(usage: EngineUsage) -> Usage:
         cache_read_input_tokens=usage.cached_tokens,
     )
 
-
-# What a web search call answers until a backend is configured (shown to the user as text).
-WEB_SEARCH_NOT_CONFIGURED = (
-    "web search is not configured: mlx config set search.backend … "
-    "(searxng with search.url, or an API-backed one with search.api_key)"
-)
 
 # Opt-in per-request timings: with this request header set to 1 the final usage carries
 # `mlx_timings`; without it the usage object stays the plain Anthropic one.
@@ -148,7 +149,8 @@ class ContentBlockStream:
         timings: add `mlx_timings` to the final usage (the client sent TIMINGS_HEADER).
         context_management: what the request's context edits cleared, for `message_delta`.
         server_tools: names of the request's server tools (`web_search`): a call of one is a
-            `server_tool_use` block, answered by the server in a `web_search_tool_result`.
+            `server_tool_use` block; its `SearchOutcome` (server/web_search.py) a
+            `web_search_tool_result` block.
     """
 
     def __init__(
@@ -172,12 +174,13 @@ class ContentBlockStream:
         self._thinking_text: list[str] = []  # full thinking of the open block, for its signature
         self._streaming_call: str | None = None  # id of the tool call whose input is streaming
         self._input_parts: list[str] = []  # its input so far (the reduction parses it at stop)
+        self._searches = 0  # web searches the server ran for this answer
 
     @property
     def finished(self) -> bool:
         return self._finished
 
-    def feed(self, event: EngineEvent) -> list[BlockEvent]:
+    def feed(self, event: ServedEvent) -> list[BlockEvent]:
         """The stream events that follow from one engine event (often none or one)."""
         out: list[BlockEvent] = []
         if isinstance(event, Admitted):
@@ -208,6 +211,8 @@ class ContentBlockStream:
                 self._emit(out, self._delta(InputJsonDeltaPart(partial_json=event.partial_json)))
         elif isinstance(event, ToolCallEvent):
             self._add_tool_call(out, event)
+        elif isinstance(event, SearchOutcome):
+            self._add_search_outcome(out, event)
         elif isinstance(event, Done):
             self._close(out)
             stop_reason = anthropic_stop_reason(event.stop_reason)
@@ -222,6 +227,8 @@ class ContentBlockStream:
                 stop_sequence=event.stop_sequence,
             )
             final = anthropic_usage(event.usage)
+            if self._server_tools:
+                final.server_tool_use = ServerToolUsage(web_search_requests=self._searches)
             edits = self._context_management
             if self._timings:
                 timed = timed_usage(final, event.timings)
@@ -270,28 +277,38 @@ class ContentBlockStream:
             self._input_parts = []
             self._streaming_call = None
         self._emit(out, ContentBlockStopEvent(index=self._next_index - 1))
-        kind, self._open = self._open, None
-        if kind == "server_tool_use":
-            self._answer_server_tool(out, self.message.content[self._next_index - 1])
+        self._open = None
 
-    def _answer_server_tool(self, out: list[BlockEvent], call: ResponseContentBlock) -> None:
-        """No search backend runs here yet: the call's result is the API's error, and a text
-        block tells the user how to configure one (never a call silently dropped)."""
-        error = WebSearchToolResultError(error_code="unavailable")
-        assert isinstance(call, ResponseServerToolUseBlock)
-        result = ResponseWebSearchToolResultBlock(tool_use_id=call.id, content=error)
+    def _add_search_outcome(self, out: list[BlockEvent], outcome: SearchOutcome) -> None:
+        """A search call's result block, whole in its start event (as the API sends it)."""
+        self._close(out)
+        content: list[WebSearchResult] | WebSearchToolResultError
+        if outcome.error is not None:
+            content = WebSearchToolResultError(error_code=outcome.error)
+        else:
+            content = [
+                WebSearchResult(
+                    url=hit.url,
+                    title=hit.title,
+                    encrypted_content=encode_page(hit.snippet),
+                    page_age=hit.page_age,
+                )
+                for hit in outcome.results
+            ]
+            self._searches += 1
+        result = ResponseWebSearchToolResultBlock(tool_use_id=outcome.call_id, content=content)
         self._emit(out, ContentBlockStartEvent(index=self._next_index, content_block=result))
         self._emit(out, ContentBlockStopEvent(index=self._next_index - 1))
-        log.warning("web search called, but %s", WEB_SEARCH_NOT_CONFIGURED)
-        self._ensure_open(out, "text")
-        self._emit(out, self._delta(TextDeltaPart(text=WEB_SEARCH_NOT_CONFIGURED)))
-        self._close(out)
 
     def _start_tool_call(self, out: list[BlockEvent], call_id: str, name: str) -> None:
         self._close(out)
         block: ResponseToolUseBlock | ResponseServerToolUseBlock
         if name in self._server_tools:
-            block = ResponseServerToolUseBlock(id=new_server_tool_use_id(), name=name, input={})
+            # The server tool loop names its calls; without it, a fresh id.
+            server_id = call_id if call_id.startswith(SERVER_CALL_PREFIX) else ""
+            block = ResponseServerToolUseBlock(
+                id=server_id or new_server_tool_use_id(), name=name, input={}
+            )
             self._open = "server_tool_use"
         else:
             block = ResponseToolUseBlock(id=call_id or new_tool_use_id(), name=name, input={})
@@ -367,11 +384,6 @@ def tool_input(arguments: str, name: str) -> dict[str, Any]:
                     shown(name))  # fmt: skip
         return {}
     return parsed
-
-
-def new_server_tool_use_id() -> str:
-    """A fresh `srvtoolu_…` id."""
-    return "srvtoolu_" + secrets.token_hex(12)
 
 
 def new_tool_use_id() -> str:

@@ -74,6 +74,7 @@ from mlxlaunch.server.openai_errors import (
 from mlxlaunch.server.request_log import RequestLog, log_refusal
 from mlxlaunch.server.settings import ServerSettings, ServingEngine
 from mlxlaunch.server.streaming import answer_whole, stream_response, submit
+from mlxlaunch.server.web_search import SearchOutcome, ServedEvent
 
 _FINISH_REASONS: dict[EngineStopReason, FinishReason] = {
     "end_turn": "stop",
@@ -394,14 +395,17 @@ class ChatWire:
     def finished(self) -> bool:
         return self.chunks.finished
 
-    async def frames(self, event: EngineEvent) -> AsyncIterator[bytes]:
+    async def frames(self, event: ServedEvent) -> AsyncIterator[bytes]:
+        if isinstance(event, SearchOutcome):
+            return  # never comes: this API offers no server tools
         for chunk in self.chunks.feed(event):
             yield sse_line(chunk)
         if self.chunks.finished:
             yield DONE_LINE
 
-    def absorb(self, event: EngineEvent) -> None:
-        self.chunks.feed(event)
+    def absorb(self, event: ServedEvent) -> None:
+        if not isinstance(event, SearchOutcome):  # never one: this API offers no server tools
+            self.chunks.feed(event)
 
     async def settle(self) -> None:
         return None

@@ -7,7 +7,7 @@ reasoning); this module is the only place that knows both vocabularies.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, cast, get_args
 
 from mlxlaunch.engine.types import (
     ChatMessage,
@@ -26,6 +26,7 @@ from mlxlaunch.protocol.requests import (
     InputMessage,
     MessagesRequest,
     RedactedThinkingBlock,
+    ServerToolUseBlock,
     TextBlock,
     ThinkingAdaptive,
     ThinkingBlock,
@@ -37,7 +38,10 @@ from mlxlaunch.protocol.requests import (
     ToolResultBlock,
     ToolResultPart,
     ToolUseBlock,
+    WebSearchErrorPart,
+    WebSearchToolResultBlock,
 )
+from mlxlaunch.protocol.responses import WebSearchErrorCode
 from mlxlaunch.server.agent_headers import NO_AGENT, AgentHeaders
 from mlxlaunch.server.images import (
     IMAGE_PLACEHOLDER,
@@ -46,11 +50,18 @@ from mlxlaunch.server.images import (
     ImageCheck,
     anthropic_image,
 )
+from mlxlaunch.server.search_backends import SearchResult
+from mlxlaunch.server.web_search import (
+    TOOL_ERROR_MARK,
+    SearchOutcome,
+    WebSearchPolicy,
+    decode_page,
+    search_call_messages,
+    web_search_spec,
+)
 
 BILLING_HEADER_PREFIX = "x-anthropic-billing-header:"
 BLOCK_SEPARATOR = "\n\n"
-# Chat templates have no field for a failed tool call; the result text says so instead.
-TOOL_ERROR_MARK = "[tool error]"
 # Session-title requests: characters allowed in an unbounded title string, and the output cap
 # that always leaves room for them (4 tokens per character at worst, plus the JSON around).
 TITLE_MAX_CHARS = 60
@@ -142,28 +153,18 @@ def to_generation_request(
     )
 
 
-# The web search server tool as the model is offered it: the server answers its calls
-# (server/blocks.py), so the model may call it whatever the client can run.
-WEB_SEARCH_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {"query": {"type": "string", "minLength": 1, "maxLength": 200}},
-    "required": ["query"],
-    "additionalProperties": False,
-}
-
-
-def web_search_spec(name: str) -> ToolSpec:
-    """The engine tool that stands for the request's web search server tool."""
-    return ToolSpec(
-        name=name,
-        description="Search the web. Returns result titles, URLs and snippets.",
-        parameters=WEB_SEARCH_SCHEMA,
-    )
-
-
-def server_tool_names(req: CountTokensRequest) -> frozenset[str]:
-    """Names of the request's server tools whose calls the server answers itself."""
-    return frozenset(tool.name for tool in req.tools or [] if tool.is_web_search)
+def search_policies(req: CountTokensRequest) -> dict[str, WebSearchPolicy]:
+    """The request's web search tools by name, whose calls the server answers itself."""
+    return {
+        tool.name: WebSearchPolicy(
+            tool.name,
+            max_uses=tool.max_uses,
+            allowed_domains=tuple(tool.allowed_domains or ()),
+            blocked_domains=tuple(tool.blocked_domains or ()),
+        )
+        for tool in req.tools or []
+        if tool.is_web_search
+    }
 
 
 def system_prompt(blocks: Sequence[TextBlock]) -> str:
@@ -190,10 +191,10 @@ def conversation(
     for index, turn in enumerate(turns):
         if turn.role == "assistant":
             calls.check_all_answered()
-            message = _assistant_message(turn)
-            calls.open(message.tool_calls)
+            messages = _assistant_messages(turn)
+            calls.open(messages[-1].tool_calls)
             answered_by_user = False
-            out.append(message)
+            out.extend(messages)
         elif turn.role == "system":
             text = BLOCK_SEPARATOR.join(b.text for b in turn.content if isinstance(b, TextBlock))
             if out and out[-1].role == "system":
@@ -249,10 +250,25 @@ class _OpenCalls:
             )
 
 
-def _assistant_message(turn: InputMessage) -> ChatMessage:
+def _assistant_messages(turn: InputMessage) -> list[ChatMessage]:
+    """An assistant turn as chat messages: one, unless it holds web searches the server ran;
+    then each search's call and result read as `search_call_messages` renders them for the
+    server tool loop (server/web_search.py), so the next turn's prompt matches the one the
+    model continued from, and what follows the result is the next assistant message."""
+    out: list[ChatMessage] = []
     texts: list[str] = []
     reasoning: list[str] = []
     calls: list[ToolCallRecord] = []
+    searches: dict[str, ServerToolUseBlock] = {}
+
+    def message() -> ChatMessage:
+        return ChatMessage(
+            role="assistant",
+            content="".join(texts),
+            reasoning="\n".join(reasoning) if reasoning else None,
+            tool_calls=list(calls),
+        )
+
     for block in turn.content:
         if isinstance(block, TextBlock):
             texts.append(block.text)
@@ -260,16 +276,45 @@ def _assistant_message(turn: InputMessage) -> ChatMessage:
             reasoning.append(block.thinking)
         elif isinstance(block, ToolUseBlock):
             calls.append(ToolCallRecord(id=block.id, name=block.name, arguments=block.input))
+        elif isinstance(block, ServerToolUseBlock):
+            searches[block.id] = block
+        elif isinstance(block, WebSearchToolResultBlock):
+            call = searches.pop(block.tool_use_id, None)
+            if call is None:
+                raise InvalidRequest(
+                    f"web_search_tool_result names tool_use_id {block.tool_use_id!r}, which "
+                    "does not match any server_tool_use block before it in the same message"
+                )
+            out += search_call_messages(message(), [_search_outcome(call, block)])
+            texts, reasoning, calls = [], [], []
         elif isinstance(block, RedactedThinkingBlock):
             continue  # encrypted by another server; nothing a local model can read
         else:
             texts.append(_media_placeholder(block))
-    return ChatMessage(
-        role="assistant",
-        content="".join(texts),
-        reasoning="\n".join(reasoning) if reasoning else None,
-        tool_calls=calls,
+    # A server call left without its result (a cut-off answer) has nothing to show the model.
+    if texts or reasoning or calls or not out:
+        out.append(message())
+    return out
+
+
+def _search_outcome(call: ServerToolUseBlock, result: WebSearchToolResultBlock) -> SearchOutcome:
+    """A web search of the history, as the server tool loop had it."""
+    query = call.input.get("query")
+    query = query if isinstance(query, str) else ""
+    if isinstance(result.content, WebSearchErrorPart):
+        code = result.content.error_code
+        error = code if code in get_args(WebSearchErrorCode) else "unavailable"
+        return SearchOutcome(call.id, call.name, query, error=cast(WebSearchErrorCode, error))
+    hits = tuple(
+        SearchResult(
+            url=hit.url,
+            title=hit.title,
+            snippet=decode_page(hit.encrypted_content),
+            page_age=hit.page_age,
+        )
+        for hit in result.content
     )
+    return SearchOutcome(call.id, call.name, query, results=hits)
 
 
 def _user_messages(

@@ -20,7 +20,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from mlxlaunch.engine.types import EngineEvent
 from mlxlaunch.protocol.errors import error_body
 from mlxlaunch.protocol.events import ErrorEvent, PingEvent
 from mlxlaunch.protocol.requests import CountTokensRequest, MessagesRequest
@@ -32,12 +31,13 @@ from mlxlaunch.server.blocks import TIMINGS_HEADER, ContentBlockStream, new_mess
 from mlxlaunch.server.bodies import parse_body
 from mlxlaunch.server.context_management import manage_context
 from mlxlaunch.server.errors import ApiError, engine_error
-from mlxlaunch.server.mapping import server_tool_names, shows_thinking, to_generation_request
+from mlxlaunch.server.mapping import search_policies, shows_thinking, to_generation_request
 from mlxlaunch.server.request_log import RequestLog
 from mlxlaunch.server.safeguards import PendingCheck, SafetyCheck, SafetyCheckSettings
 from mlxlaunch.server.settings import ServerSettings, ServingEngine
 from mlxlaunch.server.streaming import CACHED_TOKENS_HEADER, answer_whole, stream_response, submit
 from mlxlaunch.server.threads import ThreadStore, ThreadTurn
+from mlxlaunch.server.web_search import ServedEvent, request_runner
 
 
 def messages_routes(engine: ServingEngine, settings: ServerSettings, guard: Guard) -> list[Route]:
@@ -93,17 +93,19 @@ class MessagesApi:
         )
         if turn is not None:  # its next turn continues this conversation: keep its KV
             gen = replace(gen, pin_prefix_s=self.threads.pin_s)
+        policies = search_policies(body)
         blocks = ContentBlockStream(
             message_id=message_id,
             model=body.model,
             show_thinking=shows_thinking(body),
             timings=request.headers.get(TIMINGS_HEADER) == "1",
             context_management=context.applied,
-            server_tools=server_tool_names(body),
+            server_tools=frozenset(policies),
         )
         record = RequestLog(message_id, body.model, time.monotonic())
+        runner = request_runner(self.engine, policies, self.settings.search)
         generation = await submit(
-            self.engine, gen, record, self.settings, stream=body.stream, translate=engine_error
+            runner, gen, record, self.settings, stream=body.stream, translate=engine_error
         )
         check = self.safety.for_request(body)
         wire = MessageWire(blocks, self.threads, turn, check, self.settings.heartbeat_s)
@@ -150,7 +152,7 @@ class MessageWire:
     def finished(self) -> bool:
         return self.blocks.finished
 
-    async def frames(self, event: EngineEvent) -> AsyncIterator[bytes]:
+    async def frames(self, event: ServedEvent) -> AsyncIterator[bytes]:
         block_events = self.blocks.feed(event)
         if self.blocks.finished and self.check is not None:  # verdicts ride on message_delta
             async for ping in self.check.attach_with_pings(
@@ -163,7 +165,7 @@ class MessageWire:
         for frame in frames:
             yield frame
 
-    def absorb(self, event: EngineEvent) -> None:
+    def absorb(self, event: ServedEvent) -> None:
         self.blocks.feed(event)
 
     async def settle(self) -> None:

@@ -17,7 +17,6 @@ from starlette.requests import Request
 from mlxlaunch.engine.types import (
     Admitted,
     Done,
-    EngineEvent,
     TextDelta,
     ThinkingDelta,
     ToolCallEvent,
@@ -25,6 +24,7 @@ from mlxlaunch.engine.types import (
 )
 from mlxlaunch.protocol.limits import shown
 from mlxlaunch.server.errors import ApiError
+from mlxlaunch.server.web_search import ServedEvent
 
 log = logging.getLogger("mlxlaunch.server")
 
@@ -56,7 +56,7 @@ class RequestLog:
         self.outputs = 0  # output events sent (what a stream cut short had, with no Done)
         self._logged = False
 
-    def observe(self, event: EngineEvent) -> None:
+    def observe(self, event: ServedEvent) -> None:
         if isinstance(event, Admitted):
             self.admitted = event
         elif isinstance(event, Done):

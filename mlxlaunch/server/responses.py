@@ -23,14 +23,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from mlxlaunch.engine.types import EngineEvent
 from mlxlaunch.protocol.openai_responses import (
     InputItem,
     InputItemOrEasy,
     OtherItem,
     OutputFunctionCall,
+    OutputItem,
     OutputMessage,
-    OutputReasoning,
+    OutputWebSearchCall,
     ResponseObject,
     ResponsesRequest,
 )
@@ -46,10 +46,11 @@ from mlxlaunch.server.openai_errors import (
 )
 from mlxlaunch.server.request_log import RequestLog, log_refusal
 from mlxlaunch.server.response_store import ResponseStore
-from mlxlaunch.server.responses_mapping import to_generation_request
+from mlxlaunch.server.responses_mapping import search_policies, to_generation_request
 from mlxlaunch.server.responses_stream import ResponseStream, new_response, new_response_id
 from mlxlaunch.server.settings import ServerSettings, ServingEngine
 from mlxlaunch.server.streaming import answer_whole, stream_response, submit
+from mlxlaunch.server.web_search import ServedEvent, request_runner
 
 _ITEMS = TypeAdapter(list[InputItemOrEasy])
 KEEPALIVE = b": keepalive\n\n"  # an SSE comment: clients skip it, proxies see traffic
@@ -96,6 +97,7 @@ class ResponsesApi:
         items = [*history, *body.items]
         response_id = new_response_id()
         info = self.engine.model_info_for(body.model)
+        policies = search_policies(body, backend=self.settings.search is not None)
         gen, names = await asyncio.to_thread(
             partial(
                 to_generation_request,
@@ -105,6 +107,7 @@ class ResponsesApi:
                 images=self.settings.image_access(info),
                 thinks=info is None or info.has_thinking,  # unknown before the load
                 context_window=info.context_window if info else None,
+                searches=frozenset(policies),
             )
         )
         store = body.store is not False
@@ -113,10 +116,11 @@ class ResponsesApi:
         # store: false and resends its history). Pins never outrank the main session.
         if store and body.previous_response_id:
             gen = replace(gen, pin_prefix_s=self.store.pin_s)
-        stream = ResponseStream(_echo(body, response_id, store), names)
+        stream = ResponseStream(_echo(body, response_id, store), names, frozenset(policies))
         record = RequestLog(response_id, body.model, time.monotonic())
+        runner = request_runner(self.engine, policies, self.settings.search)
         generation = await submit(
-            self.engine, gen, record, self.settings, stream=body.stream, translate=_translate
+            runner, gen, record, self.settings, stream=body.stream, translate=_translate
         )
         wire = ResponseWire(stream, partial(self._keep, items if store else None))
         if body.stream:
@@ -157,14 +161,14 @@ class ResponseWire:
     def finished(self) -> bool:
         return self.stream.finished
 
-    async def frames(self, event: EngineEvent) -> AsyncIterator[bytes]:
+    async def frames(self, event: ServedEvent) -> AsyncIterator[bytes]:
         events = self.stream.feed(event)
         if self.stream.finished:
             await asyncio.to_thread(self.keep, self.stream.response)
         for item in events:
             yield frame(item.type, item.model_dump(mode="json"))
 
-    def absorb(self, event: EngineEvent) -> None:
+    def absorb(self, event: ServedEvent) -> None:
         self.stream.feed(event)
 
     async def settle(self) -> None:
@@ -198,8 +202,10 @@ def _echo(body: ResponsesRequest, response_id: str, store: bool) -> ResponseObje
     )
 
 
-def as_input_item(item: OutputMessage | OutputFunctionCall | OutputReasoning) -> dict[str, Any]:
+def as_input_item(item: OutputItem) -> dict[str, Any]:
     """An output item as the next request would send it back."""
+    if isinstance(item, OutputWebSearchCall):
+        return item.model_dump(mode="json")  # read back as an item not served (no results)
     if isinstance(item, OutputMessage):
         content = [{"type": "output_text", "text": part.text} for part in item.content]
         return {"type": "message", "role": "assistant", "content": content}

@@ -16,7 +16,7 @@ and `namespace` apart, as Codex routes it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,7 @@ from mlxlaunch.engine.types import (
 )
 from mlxlaunch.protocol.limits import shown_names
 from mlxlaunch.protocol.openai_responses import (
+    WEB_SEARCH_TOOL_TYPES,
     ContentPart,
     CustomToolCallItem,
     CustomToolCallOutputItem,
@@ -51,9 +52,12 @@ from mlxlaunch.protocol.openai_responses import (
     Refusal,
     ResponsesRequest,
     ToolChoiceFunction,
+    ToolChoiceOther,
+    WebSearchTool,
 )
 from mlxlaunch.server.call_arguments import history_arguments
 from mlxlaunch.server.images import TEXT_ONLY, ImageAccess, ImageCheck, url_image
+from mlxlaunch.server.web_search import WebSearchPolicy, web_search_spec
 
 log = logging.getLogger("mlxlaunch.server")
 
@@ -67,6 +71,8 @@ DEFAULT_MAX_OUTPUT_TOKENS = 32_768
 LOCAL_SHELL_TOOL = "shell"
 # A freeform custom tool's raw-text input is, to the model, the call's one string argument.
 CUSTOM_TOOL_INPUT = "input"
+# What the model calls the hosted web search tool.
+WEB_SEARCH_TOOL = "web_search"
 # Items whose whole content is another server's encryption: dropping one would silently lose
 # the conversation it stands for.
 _SEALED_ITEMS = ("compaction", "compaction_summary")
@@ -110,6 +116,8 @@ def function_tools(body: ResponsesRequest) -> tuple[list[ToolSpec], ToolNames]:
     for tool in body.tools or []:
         if isinstance(tool, FunctionTool):
             top.append(tool)
+        elif isinstance(tool, WebSearchTool):
+            continue  # the server runs it (`search_policies`)
         elif isinstance(tool, NamespaceTool):
             for member in tool.tools:
                 if isinstance(member, FunctionTool):
@@ -154,15 +162,19 @@ def to_generation_request(
     images: ImageAccess,
     thinks: bool,
     context_window: int | None,
+    searches: Collection[str] = (),
 ) -> tuple[GenerationRequest, ToolNames]:
     """The engine request for `body` whose whole input is `items` (a continued response's
     history included), and the tool names to answer calls with.
+
+    `searches`: the names of the web search tools the server runs (`search_policies`).
 
     Raises:
         InvalidRequest: an output for an unknown call, a call left without output, an image
             for a model without vision, arguments that are not a JSON object.
     """
     tools, names = function_tools(body)
+    tools += [web_search_spec(name) for name in searches]
     messages = conversation(items, names, ImageCheck(images))
     if body.instructions:
         if messages and messages[0].role == "system":
@@ -179,7 +191,7 @@ def to_generation_request(
             messages=messages,
             max_tokens=max_tokens,
             tools=tools,
-            tool_choice=tool_choice(body, names),
+            tool_choice=tool_choice(body, names, searches),
             sampling=Sampling(temperature=body.temperature, top_p=body.top_p),
             thinking=thinking,
             response_schema=body.json_schema,
@@ -194,7 +206,9 @@ def to_generation_request(
     )
 
 
-def tool_choice(body: ResponsesRequest, names: ToolNames) -> ToolChoice:
+def tool_choice(
+    body: ResponsesRequest, names: ToolNames, searches: Collection[str] = ()
+) -> ToolChoice:
     parallel = body.parallel_tool_calls is not False
     choice = body.tool_choice
     if choice == "none":
@@ -204,7 +218,33 @@ def tool_choice(body: ResponsesRequest, names: ToolNames) -> ToolChoice:
     if isinstance(choice, ToolChoiceFunction):
         named = next((m for m, (_, n) in names.wire.items() if n == choice.name), choice.name)
         return ToolChoice(mode="tool", name=named, parallel=parallel)
+    if _forces_search(body) and WEB_SEARCH_TOOL in searches:  # the hosted tool, by its type
+        return ToolChoice(mode="tool", name=WEB_SEARCH_TOOL, parallel=parallel)
     return ToolChoice(mode="auto", parallel=parallel)
+
+
+def _forces_search(body: ResponsesRequest) -> bool:
+    choice = body.tool_choice
+    return isinstance(choice, ToolChoiceOther) and choice.type in WEB_SEARCH_TOOL_TYPES
+
+
+def search_policies(body: ResponsesRequest, *, backend: bool) -> dict[str, WebSearchPolicy]:
+    """The request's hosted web search tool, under the name the model calls it.
+
+    Codex sends the tool with every request: it is offered only where a search `backend` is
+    configured, or where `tool_choice` forces it (then the answer says how to configure
+    one), so a model without search is never tempted into a call that cannot work. None
+    when a function tool of the client's already has the name.
+    """
+    if not backend and not _forces_search(body):
+        return {}
+    functions = {tool.name for tool in body.tools or [] if isinstance(tool, FunctionTool)}
+    for tool in body.tools or []:
+        if isinstance(tool, WebSearchTool) and WEB_SEARCH_TOOL not in functions:
+            allowed = tool.filters.allowed_domains if tool.filters else None
+            policy = WebSearchPolicy(WEB_SEARCH_TOOL, allowed_domains=tuple(allowed or ()))
+            return {WEB_SEARCH_TOOL: policy}
+    return {}
 
 
 def request_kind(messages: list[ChatMessage], tools: list[ToolSpec]) -> RequestKind:

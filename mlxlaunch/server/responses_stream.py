@@ -21,7 +21,6 @@ from typing import Any
 from mlxlaunch.engine.types import (
     Admitted,
     Done,
-    EngineEvent,
     Progress,
     TextDelta,
     ThinkingDelta,
@@ -38,14 +37,17 @@ from mlxlaunch.protocol.openai_responses import (
     IncompleteDetails,
     InputTokensDetails,
     OutputFunctionCall,
+    OutputItem,
     OutputItemEvent,
     OutputMessage,
     OutputReasoning,
     OutputTextPart,
+    OutputWebSearchCall,
     ResponseError,
     ResponseLifecycleEvent,
     ResponseObject,
     ResponseUsage,
+    SearchSource,
     StreamEvent,
     SummaryDeltaEvent,
     SummaryDoneEvent,
@@ -53,9 +55,11 @@ from mlxlaunch.protocol.openai_responses import (
     SummaryPartEvent,
     TextDeltaEvent,
     TextDoneEvent,
+    WebSearchCallEvent,
 )
 from mlxlaunch.server.call_arguments import model_arguments
 from mlxlaunch.server.responses_mapping import ToolNames, client_call_id
+from mlxlaunch.server.web_search import SERVER_CALL_PREFIX, SearchOutcome, ServedEvent
 
 log = logging.getLogger("mlxlaunch.server")
 
@@ -88,15 +92,21 @@ class ResponseStream:
     Args:
         response: the response object to fill (its id, model and echoed request fields set).
         names: the request's tool names, to answer calls under the client's names.
+        server_tools: names of the tools the server runs (web search): a call of one is a
+            `web_search_call` item, done when its `SearchOutcome` comes.
     """
 
-    def __init__(self, response: ResponseObject, names: ToolNames) -> None:
+    def __init__(
+        self, response: ResponseObject, names: ToolNames, server_tools: frozenset[str] = frozenset()
+    ) -> None:
         self.response = response
         self._names = names
+        self._server_tools = server_tools
+        self._searches: dict[str, OutputWebSearchCall] = {}  # srvtoolu_ id → its item
         self._sequence = 0
         self._started = False
         self._finished = False
-        self._open: OutputMessage | OutputFunctionCall | OutputReasoning | None = None
+        self._open: OutputItem | None = None
         self._engine_call: str | None = None  # the engine id of the open function call
         self._streamed = False  # the open call has had argument deltas
 
@@ -104,7 +114,7 @@ class ResponseStream:
     def finished(self) -> bool:
         return self._finished
 
-    def feed(self, event: EngineEvent) -> list[StreamEvent]:
+    def feed(self, event: ServedEvent) -> list[StreamEvent]:
         """The stream events that follow from one engine event (often none or one)."""
         out: list[StreamEvent] = []
         if isinstance(event, Progress):
@@ -122,6 +132,10 @@ class ResponseStream:
         elif isinstance(event, ThinkingDelta):
             if event.text:
                 self._thinking(out, event.text)
+        elif isinstance(event, ToolCallStart | ToolCallEvent) and event.name in self._server_tools:
+            self._search_call(out, event)
+        elif isinstance(event, SearchOutcome):
+            self._search_done(out, event)
         elif isinstance(event, ToolCallStart):
             self._open_call(out, event.id, event.name)
         elif isinstance(event, ToolInputDelta):
@@ -156,9 +170,7 @@ class ResponseStream:
         for kind in ("response.created", "response.in_progress"):
             self._emit(out, ResponseLifecycleEvent(type=kind, response=self._snapshot()))
 
-    def _add(
-        self, out: list[StreamEvent], item: OutputMessage | OutputFunctionCall | OutputReasoning
-    ) -> None:
+    def _add(self, out: list[StreamEvent], item: OutputItem) -> None:
         self._close(out)
         self.response.output.append(item)
         self._open = item
@@ -208,6 +220,36 @@ class ResponseStream:
                 delta=text,
             ),
         )
+
+    def _search_call(self, out: list[StreamEvent], event: ToolCallStart | ToolCallEvent) -> None:
+        """A web search call: its item is added at the call's start (in_progress), and is
+        searching once the call is whole (its query known); its arguments never stream."""
+        item = self._searches.get(event.id)
+        if item is None:
+            item = OutputWebSearchCall(id="ws_" + event.id.removeprefix(SERVER_CALL_PREFIX))
+            self._searches[event.id] = item
+            self._add(out, item)
+            self._search_event(out, "response.web_search_call.in_progress", item)
+        if isinstance(event, ToolCallEvent):
+            query = (model_arguments(event.arguments) or {}).get("query")
+            item.action.query = query if isinstance(query, str) else ""
+            item.status = "searching"
+            self._search_event(out, "response.web_search_call.searching", item)
+
+    def _search_done(self, out: list[StreamEvent], outcome: SearchOutcome) -> None:
+        item = self._searches.get(outcome.call_id)
+        if item is None:  # the loop answers only calls it saw: never
+            log.warning("responses: a search outcome for an unknown call %s", outcome.call_id)
+            return
+        item.action.sources = [SearchSource(url=hit.url) for hit in outcome.results]
+        item.status = "failed" if outcome.error is not None else "completed"
+        self._search_event(out, "response.web_search_call.completed", item)
+        if self._open is item:
+            self._close(out)
+
+    def _search_event(self, out: list[StreamEvent], kind: str, item: OutputWebSearchCall) -> None:
+        index = self.response.output.index(item)
+        self._emit(out, WebSearchCallEvent(type=kind, item_id=item.id, output_index=index))
 
     def _open_call(self, out: list[StreamEvent], engine_id: str, model_name: str) -> None:
         namespace, name = self._names.for_client(model_name)
@@ -279,7 +321,7 @@ class ResponseStream:
                 ),
             )
             self._emit(out, self._summary_event("response.reasoning_summary_part.done"))
-        else:
+        elif isinstance(item, OutputFunctionCall):
             if model_arguments(item.arguments) is None:  # the engine promises JSON; if not, {}
                 log.warning(
                     "tool call %s: arguments are not a JSON object; sending {}", shown(item.name)
@@ -296,7 +338,8 @@ class ResponseStream:
                 ),
             )
             self._engine_call = None
-        item.status = "completed"
+        if not isinstance(item, OutputWebSearchCall):  # a search's status is its outcome's
+            item.status = "completed"
         self._open = None
         self._emit(
             out,

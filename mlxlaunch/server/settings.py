@@ -16,6 +16,7 @@ from mlxlaunch.server.conversation_files import ThreadLimits
 from mlxlaunch.server.guards import HttpLimits
 from mlxlaunch.server.images import ImageAccess, ImageLimits
 from mlxlaunch.server.safeguards import SAFEGUARDS_MIN_PARAMETERS
+from mlxlaunch.server.search_backends import SearchBackend
 
 
 class ServingEngine(Protocol):
@@ -80,6 +81,9 @@ class ServerSettings:
     # refusal names (launch/ fills it from the store's catalog; None names none).
     image_limits: ImageLimits = field(default_factory=ImageLimits)
     vision_model: str | None = None
+    # Where the web search server tool's queries go (server/web_search.py); None: its calls
+    # are answered "not configured" (`mlx config set search.backend …`).
+    search: SearchBackend | None = None
 
     def image_access(self, info: ModelInfo | None) -> ImageAccess:
         """What images the loaded model (`info`; None before the first load) may be sent."""

@@ -26,10 +26,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from mlxlaunch.engine.types import Admitted, EngineEvent, GenerationRequest
+from mlxlaunch.engine.types import Admitted, GenerationRequest
 from mlxlaunch.server.errors import ApiError
 from mlxlaunch.server.request_log import RequestLog
-from mlxlaunch.server.settings import ServerSettings, ServingEngine
+from mlxlaunch.server.settings import ServerSettings
+from mlxlaunch.server.web_search import ServedEvent
 
 
 class _End:
@@ -42,12 +43,12 @@ END: Final = _End()
 class EventPump:
     """Pulls events from one engine request's iterator, one pending read at a time."""
 
-    def __init__(self, events: AsyncIterator[EngineEvent]) -> None:
+    def __init__(self, events: AsyncIterator[ServedEvent]) -> None:
         self._events = events
-        self._pending: asyncio.Task[EngineEvent | _End] | None = None
+        self._pending: asyncio.Task[ServedEvent | _End] | None = None
         self.ended = False
 
-    async def next(self, timeout: float | None) -> EngineEvent | _End | None:
+    async def next(self, timeout: float | None) -> ServedEvent | _End | None:
         """The next event, `END` when the iterator is exhausted, or None if `timeout` seconds
         passed first (the read stays pending for the next call). Engine errors propagate."""
         if self._pending is None:
@@ -61,7 +62,7 @@ class EventPump:
             self.ended = True
         return result
 
-    async def _read(self) -> EngineEvent | _End:
+    async def _read(self) -> ServedEvent | _End:
         try:
             return await anext(self._events)
         except StopAsyncIteration:
@@ -91,7 +92,7 @@ CACHE_REUSED_HEADER = "x-cache-reused"
 TRAILERS_EXTENSION = "http.response.trailers"
 
 
-def clamp_headers(event: EngineEvent | _End | None) -> dict[str, str]:
+def clamp_headers(event: ServedEvent | _End | None) -> dict[str, str]:
     """The clamp header for an Admitted event whose max_tokens was lowered to fit."""
     if isinstance(event, Admitted) and event.clamped:
         return {CLAMPED_HEADER: str(event.max_tokens)}
@@ -111,12 +112,12 @@ async def cancel_on_disconnect(
             return
 
 
-def admission_headers(event: EngineEvent | _End | None) -> dict[str, str]:
+def admission_headers(event: ServedEvent | _End | None) -> dict[str, str]:
     """What every API's answer says about its admission: the clamp and the cache headers."""
     return {**clamp_headers(event), **cache_headers(event)}
 
 
-def cache_headers(event: EngineEvent | _End | None) -> dict[str, str]:
+def cache_headers(event: ServedEvent | _End | None) -> dict[str, str]:
     """X-Cached-Tokens, X-Session-Cache (prefix_hit | partial | fresh) and X-Cache-Reused (the
     reused fraction of the prompt, three decimals) for an Admitted event.
 
@@ -203,6 +204,15 @@ class TrailingStreamingResponse(ClosingStreamingResponse):
 # --- the drive loop -------------------------------------------------------------------------
 
 
+class RequestRunner(Protocol):
+    """What the drive loop runs a request on: the engine, or the web search loop over it
+    (server/web_search.py), whose events include its searches' outcomes."""
+
+    def submit(self, req: GenerationRequest) -> AsyncIterator[ServedEvent]: ...
+
+    def cancel(self, request_id: str) -> None: ...
+
+
 class Encoder(Protocol):
     """One API's answer built from engine events: its stream frames and its whole answer."""
 
@@ -212,13 +222,13 @@ class Encoder(Protocol):
     @property
     def finished(self) -> bool: ...
 
-    def frames(self, event: EngineEvent) -> AsyncIterator[bytes]:
+    def frames(self, event: ServedEvent) -> AsyncIterator[bytes]:
         """Streaming: the frames one event makes. The work due once the answer is done
         (keeping a conversation) runs before its last frames go out, so a client that
         continues the moment it reads them finds it."""
         ...
 
-    def absorb(self, event: EngineEvent) -> None:
+    def absorb(self, event: ServedEvent) -> None:
         """Not streaming: feed one event to the answer being built."""
 
     async def settle(self) -> None:
@@ -238,16 +248,16 @@ class Generation:
     """One submitted engine request, as the drive loop runs it."""
 
     pump: EventPump
-    first: EngineEvent | _End | None  # what came within the admission grace (None: nothing)
+    first: ServedEvent | _End | None  # what came within the admission grace (None: nothing)
     request_id: str
     record: RequestLog
-    engine: ServingEngine
+    engine: RequestRunner
     heartbeat_s: float
     translate: Callable[[Exception], ApiError]  # an error in the API's terms
 
 
 async def submit(
-    engine: ServingEngine,
+    engine: RequestRunner,
     request: GenerationRequest,
     record: RequestLog,
     settings: ServerSettings,
