@@ -207,6 +207,7 @@ class Worker:
             )
             return
         job.cached_tokens, reuse = self._caches.plan(job)
+        job.cache_reuse = reuse
         self._by_request_id[job.request_id] = job
         self.stats.count(requests_admitted=1)
         self._waiting.append(job)
