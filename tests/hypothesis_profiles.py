@@ -25,7 +25,9 @@ PROFILES = {CI: _FULL, DEV: _FULL // 10}
 def load_profile() -> str:
     """Register both profiles and load the one `HYPOTHESIS_PROFILE` names (default: ci)."""
     for name, count in PROFILES.items():
-        settings.register_profile(name, max_examples=count)
+        # No deadline: a shared machine's preemption (a 362 ms example against the default
+        # 200 ms) is not a failure of the code, and tests here hold under load.
+        settings.register_profile(name, max_examples=count, deadline=None)
     name = os.environ.get(PROFILE_ENV, CI)
     if name not in PROFILES:
         raise ValueError(f"{PROFILE_ENV}={name!r}: expected one of {sorted(PROFILES)}")

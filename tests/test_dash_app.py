@@ -131,6 +131,8 @@ async def test_keys_pause_clear_switch_and_quit(served: Served) -> None:
 
         tabs = app.query_one(TabbedContent)
         await pilot.press("2")
+        assert tabs.active == "sessions"
+        await pilot.press("3")
         assert tabs.active == "miss"
         assert "No cache miss" in text_of(app, "#miss-view")
         await pilot.press("tab")

@@ -88,7 +88,8 @@ RECORDED: dict[str, Any] = {
             "outcome": outcome,
             "drafted_tokens": drafted,
             "accepted_tokens": accepted,
-            "cache_key": "",
+            "cache_key": "c22fbc83-1f43" if kind == "main" else "",
+            "cache_reuse": "prefix_hit" if cached else "fresh",
         }
         for i, (kind, alias, prompt, cached, output, ttft, tps, outcome, drafted, accepted) in (
             enumerate(
@@ -123,6 +124,38 @@ RECORDED: dict[str, Any] = {
                 ]
             )
         )
+    ],
+    "sessions": [
+        {
+            "key": "c22fbc83-1f43",
+            "turns": 3,
+            "prompt_tokens": 67_517,
+            "cached_tokens": 44_388,
+            "last_request_id": "msg_0104abcdef",
+            "last_prompt_tokens": 23_101,
+            "last_cached_tokens": 22_498,
+            "last_ttft_s": 1.40,
+            "miss_turn": 0,
+            "miss_request_id": "",
+            "miss_prompt_tokens": 0,
+            "miss_cached_tokens": 0,
+            "miss_reuse": "",
+        },
+        {
+            "key": "9d1e0b7a-codex",
+            "turns": 7,
+            "prompt_tokens": 58_240,
+            "cached_tokens": 41_003,
+            "last_request_id": "msg_0103abcdef",
+            "last_prompt_tokens": 9_870,
+            "last_cached_tokens": 1_024,
+            "last_ttft_s": 9.8,
+            "miss_turn": 7,
+            "miss_request_id": "msg_0103abcdef",
+            "miss_prompt_tokens": 9_870,
+            "miss_cached_tokens": 1_024,
+            "miss_reuse": "partial",
+        },
     ],
     "role": "main",
     "failure": None,
@@ -162,6 +195,12 @@ def test_main_screen_light_theme(snap_compare: Compare) -> None:
 
 
 def test_cache_miss_panel(snap_compare: Compare) -> None:
+    assert snap_compare(DashApp(), terminal_size=SIZE, run_before=feed, press=["3"])
+
+
+def test_sessions_panel(snap_compare: Compare) -> None:
+    """Each agent session's turns and reuse, and its latest miss explained where the server's
+    latest miss is that session's (the Codex session's here)."""
     assert snap_compare(DashApp(), terminal_size=SIZE, run_before=feed, press=["2"])
 
 

@@ -28,6 +28,7 @@ from starlette.testclient import TestClient
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.engine import Engine
 from mlxlaunch.engine.stats import (
+    MAX_SESSIONS,
     CacheFigures,
     EngineCounters,
     EngineStats,
@@ -278,6 +279,7 @@ def served(tiny_model_dir: Path) -> Iterator[Served]:
                 max_tokens=2,
                 system=system,
                 messages=[{"role": "user", "content": "Fix the failing test."}],
+                extra_headers={"x-claude-code-session-id": "session-7"},
             )
         stats = engine.stats()
         assert stats.recent and stats.cache.last_miss is not None, "no miss to carry"
@@ -292,6 +294,45 @@ def test_v1_stats_of_a_real_engine_is_sent_whole(served: Served) -> None:
     snap = check_sent_whole(served.get("/v1/stats").text)
     assert snap.recent and snap.cache.last_miss is not None
     assert snap.model.state == "loaded" and snap.counters.requests_completed >= 2
+
+
+@pytest.mark.slow
+def test_an_agent_sessions_turns_and_its_latest_miss_are_in_the_stats(served: Served) -> None:
+    """Two turns of one Claude Code session (its header), the second's system prompt changed:
+    the session has both turns and the second as its miss, the server's latest miss."""
+    snap = check_sent_whole(served.get("/v1/stats").text)
+    [session] = snap.sessions
+    assert (session.key, session.turns) == ("session-7", 2)
+    assert session.miss_turn == 2 and session.miss_reuse == "partial"
+    assert session.miss_request_id == snap.cache.last_miss.request_id  # type: ignore[union-attr]
+    assert session.last_request_id == snap.recent[-1].request_id
+    assert [r.cache_reuse for r in snap.recent] == ["fresh", "partial"]
+
+
+def test_a_session_keeps_its_latest_miss_and_the_book_keeps_the_latest_sessions() -> None:
+    book = StatsBook(lambda: 0.0)
+
+    def turn(key: str, n: int, reuse: str, cached: int = 0) -> None:
+        book.record(RequestRecord(f"{key}-{n}", "main", "m", 1000 * n, cached, 1, 0.5, 9.0,
+                                  "end_turn", cache_key=key, cache_reuse=reuse))  # fmt: skip
+
+    turn("a", 1, "fresh")  # a first turn is no miss
+    turn("a", 2, "prefix_hit", 990)
+    turn("a", 3, "partial", 1200)
+    turn("a", 4, "prefix_hit", 3990)
+    turn("", 1, "fresh")  # no key: no session
+    [a] = book.snapshot().sessions
+    assert (a.turns, a.prompt_tokens, a.cached_tokens) == (4, 10_000, 6180)
+    assert (a.miss_turn, a.miss_request_id, a.miss_cached_tokens) == (3, "a-3", 1200)
+    assert (a.last_request_id, a.last_cached_tokens) == ("a-4", 3990)
+    turn("b", 1, "fresh")
+    turn("b", 2, "fresh")  # nothing reused after its first turn: a miss
+    assert [s.key for s in book.snapshot().sessions] == ["b", "a"]  # the latest active first
+    assert book.snapshot().sessions[0].miss_reuse == "fresh"
+    for i in range(MAX_SESSIONS):
+        turn(f"k{i}", 1, "fresh")
+    keys = [s.key for s in book.snapshot().sessions]
+    assert len(keys) == MAX_SESSIONS and "a" not in keys and "b" not in keys
 
 
 @pytest.mark.slow

@@ -23,12 +23,14 @@ from mlxlaunch.dash import RETRY_S
 from mlxlaunch.dash.feed import ServerAddress, ServerUnreachable, StatsFeed
 from mlxlaunch.dash.panels import (
     REQUEST_COLUMNS,
+    SESSION_COLUMNS,
     cache_card,
     miss_text,
     model_card,
     rate_title,
     request_cells,
     requests_card,
+    session_cells,
 )
 from mlxlaunch.protocol.stats import CacheMiss, StatsSnapshot
 
@@ -38,7 +40,7 @@ FeedFactory = Callable[[ServerAddress], StatsFeed]
 
 # Points kept for the sparklines: at one snapshot a second, the last five minutes.
 HISTORY_POINTS = 300
-PANELS = ("overview", "miss")
+PANELS = ("overview", "sessions", "miss")
 
 NO_SERVER = "no running server found; start one with `mlx launch claude` or `mlx serve`"
 
@@ -65,7 +67,8 @@ class DashApp(App[None]):
         Binding("c", "clear", "Clear"),
         Binding("tab", "next_panel", "Next panel", priority=True),
         Binding("1", "panel('overview')", "Overview"),
-        Binding("2", "panel('miss')", "Cache miss"),
+        Binding("2", "panel('sessions')", "Sessions"),
+        Binding("3", "panel('miss')", "Cache miss"),
     ]
 
     def __init__(
@@ -90,6 +93,7 @@ class DashApp(App[None]):
         self._hidden_requests: set[str] = set()
         self._hidden_miss: CacheMiss | None = None
         self._shown_rows: tuple[str, ...] = ()
+        self._shown_sessions: list[tuple[str, ...]] = []
 
     # --- layout -------------------------------------------------------------------------
 
@@ -107,6 +111,8 @@ class DashApp(App[None]):
                     yield Static(id="decode-title", classes="rate-title")
                     yield Sparkline([], id="decode")
                 yield DataTable(id="requests", cursor_type="row", zebra_stripes=True)
+            with TabPane("Sessions", id="sessions"):
+                yield DataTable(id="sessions-table", cursor_type="row", zebra_stripes=True)
             with TabPane("Cache miss", id="miss"):
                 yield Static(id="miss-view")
         yield Footer()
@@ -119,6 +125,9 @@ class DashApp(App[None]):
         table = self.query_one("#requests", DataTable)
         table.add_columns(*REQUEST_COLUMNS)
         table.border_title = "Recent requests"
+        sessions = self.query_one("#sessions-table", DataTable)
+        sessions.add_columns(*SESSION_COLUMNS)
+        sessions.border_title = "Agent sessions (Claude Code's session id, Codex's cache key)"
         self._render_all()
         if self.locate is not None:
             self.run_worker(self._follow(), name="feed", exclusive=True)
@@ -211,6 +220,7 @@ class DashApp(App[None]):
         title = rate_title("decode ", current_decode, decode)
         self.query_one("#decode-title", Static).update(title)
         self._render_requests(s)
+        self._render_sessions(s)
         miss = s.cache.last_miss if s.cache.last_miss != self._hidden_miss else None
         self.query_one("#miss-view", Static).update(miss_text(miss))
 
@@ -224,6 +234,16 @@ class DashApp(App[None]):
         for row in rows:
             table.add_row(*request_cells(row), key=row.request_id)
         self._shown_rows = ids
+
+    def _render_sessions(self, s: StatsSnapshot) -> None:
+        rows = [session_cells(session, s.cache.last_miss) for session in s.sessions]
+        if rows == self._shown_sessions:
+            return
+        table = self.query_one("#sessions-table", DataTable)
+        table.clear()
+        for cells in rows:
+            table.add_row(*cells)
+        self._shown_sessions = rows
 
     def _render_status(self) -> None:
         status = self.query_one("#status", Static)

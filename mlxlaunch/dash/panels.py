@@ -5,7 +5,9 @@ from __future__ import annotations
 from rich.markup import escape
 
 from mlxlaunch.dash.snapshot import human_bytes, human_duration
-from mlxlaunch.protocol.stats import CacheMiss, RecentRequest, StatsSnapshot
+from mlxlaunch.protocol.stats import AgentSession, CacheMiss, RecentRequest, StatsSnapshot
+
+SESSION_COLUMNS = ("session", "turns", "reused", "last prompt", "last TTFT", "latest miss")
 
 REQUEST_COLUMNS = (
     "request",
@@ -117,6 +119,34 @@ def request_cells(row: RecentRequest) -> tuple[str, ...]:
         draft_cell(row.accepted_tokens, row.drafted_tokens),
         row.outcome,
     )
+
+
+def session_cells(session: AgentSession, last_miss: CacheMiss | None) -> tuple[str, ...]:
+    """An agent session as table cells, in SESSION_COLUMNS order; its latest miss explained
+    where the server's latest miss (`last_miss`) is that one."""
+    reused = session.cached_tokens / session.prompt_tokens if session.prompt_tokens else 0.0
+    return (
+        escape(short_id(session.key, 16)),
+        str(session.turns),
+        f"{reused:.0%}",
+        f"{session.last_cached_tokens:,}/{session.last_prompt_tokens:,}",
+        f"{session.last_ttft_s:.2f}s",
+        session_miss(session, last_miss),
+    )
+
+
+def session_miss(session: AgentSession, last_miss: CacheMiss | None) -> str:
+    """What a session's latest miss lost: its turn, what it reused, and where the prompt
+    diverged when the server's latest miss is this one."""
+    if not session.miss_turn:
+        return "none"
+    text = (
+        f"turn {session.miss_turn}: {session.miss_cached_tokens:,} of "
+        f"{session.miss_prompt_tokens:,} reused ({escape(session.miss_reuse)})"
+    )
+    if last_miss is not None and last_miss.request_id == session.miss_request_id:
+        text += f", diverged at token {last_miss.position:,}"
+    return text
 
 
 def draft_cell(accepted: int, drafted: int) -> str:

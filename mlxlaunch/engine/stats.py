@@ -61,6 +61,72 @@ class RequestRecord:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     cache_key: str = ""  # the client's conversation key, where it sent one
+    # Its reuse against what the prefix cache held of its prompt (Admitted.cache_reuse):
+    # prefix_hit, partial, fresh; "" where not judged.
+    cache_reuse: str = ""
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    """One agent session's turns on this model: the requests that carried one conversation
+    key (Claude Code's session id, Codex's `prompt_cache_key`), for the dashboard's sessions.
+
+    A miss is the latest turn that reused clearly less than the cache held of its prompt
+    (`partial`), or nothing of it after the session's first turn (`fresh`).
+    """
+
+    key: str
+    turns: int
+    prompt_tokens: int  # all its turns together
+    cached_tokens: int  # of those, read from the prefix cache
+    last_request_id: str
+    last_prompt_tokens: int
+    last_cached_tokens: int
+    last_ttft_s: float
+    miss_turn: int = 0  # the turn (from 1) of the latest miss; 0: none
+    miss_request_id: str = ""
+    miss_prompt_tokens: int = 0
+    miss_cached_tokens: int = 0
+    miss_reuse: str = ""  # partial or fresh
+
+
+# Sessions the stats keep (the most recently active ones): a bound, clients choose keys.
+MAX_SESSIONS = 32
+
+
+def next_session(previous: SessionRecord | None, record: RequestRecord) -> SessionRecord:
+    """`previous` (None: a new session) with the turn `record` added."""
+    turn = (previous.turns if previous else 0) + 1
+    session = SessionRecord(
+        key=record.cache_key,
+        turns=turn,
+        prompt_tokens=(previous.prompt_tokens if previous else 0) + record.prompt_tokens,
+        cached_tokens=(previous.cached_tokens if previous else 0) + record.cached_tokens,
+        last_request_id=record.request_id,
+        last_prompt_tokens=record.prompt_tokens,
+        last_cached_tokens=record.cached_tokens,
+        last_ttft_s=record.ttft_s,
+    )
+    missed = record.cache_reuse == "partial" or (record.cache_reuse == "fresh" and turn > 1)
+    if missed:
+        return replace(
+            session,
+            miss_turn=turn,
+            miss_request_id=record.request_id,
+            miss_prompt_tokens=record.prompt_tokens,
+            miss_cached_tokens=record.cached_tokens,
+            miss_reuse=record.cache_reuse,
+        )
+    if previous is None:
+        return session
+    return replace(
+        session,
+        miss_turn=previous.miss_turn,
+        miss_request_id=previous.miss_request_id,
+        miss_prompt_tokens=previous.miss_prompt_tokens,
+        miss_cached_tokens=previous.miss_cached_tokens,
+        miss_reuse=previous.miss_reuse,
+    )
 
 
 @dataclass(frozen=True)
@@ -146,6 +212,7 @@ class EngineStats:
     listed_as: str | None = None  # the id the server lists it under (None: the server's)
     failure: str | None = None  # why it could not be loaded (its requests go to the main one)
     models: tuple[EngineStats, ...] = ()  # every served model, the main one first; () : one
+    sessions: tuple[SessionRecord, ...] = ()  # the latest active first (at most MAX_SESSIONS)
 
 
 class StatsBook:
@@ -162,6 +229,7 @@ class StatsBook:
         self._lock = threading.Lock()
         self._counters = EngineCounters()
         self._records: deque[RequestRecord] = deque(maxlen=keep_records)
+        self._sessions: dict[str, SessionRecord] = {}  # in order of their latest turn
         # (time, prompt tokens, prompt seconds, generated tokens, decode seconds) per step
         self._steps: deque[tuple[float, int, float, int, float]] = deque()
         self._prefill_tps = 0.0  # as last measured; survives idle spells
@@ -188,6 +256,13 @@ class StatsBook:
     def record(self, record: RequestRecord) -> None:
         with self._lock:
             self._records.append(record)
+            if record.cache_key:
+                sessions = self._sessions
+                sessions[record.cache_key] = next_session(
+                    sessions.pop(record.cache_key, None), record
+                )
+                if len(sessions) > MAX_SESSIONS:
+                    del sessions[next(iter(sessions))]
 
     def step(self, prompt_tokens: int, prompt_s: float, gen_tokens: int, decode_s: float) -> None:
         """Account one generator step for the recent speeds."""
@@ -217,6 +292,7 @@ class StatsBook:
             steps = self._recent_steps(now)
             counters = self._counters
             records = list(self._records)
+            sessions = tuple(reversed(self._sessions.values()))
         prompt_tokens = sum(s[1] for s in steps)
         prompt_s = sum(s[2] for s in steps)
         gen_tokens = sum(s[3] for s in steps)
@@ -241,4 +317,5 @@ class StatsBook:
             kv_cache_bytes=self.cache.bytes + self.kv_running_bytes,
             kv_running_bytes=self.kv_running_bytes,
             kv_bits=self.kv_bits,
+            sessions=sessions,
         )

@@ -79,6 +79,27 @@ class RecentRequest(_Wire):
     drafted_tokens: int = 0  # speculative decoding: drafted for this request, and accepted
     accepted_tokens: int = 0
     cache_key: str = ""  # the client's conversation key (Responses `prompt_cache_key`)
+    # prefix_hit, partial or fresh: against what the cache held of its prompt ("": not judged)
+    cache_reuse: str = ""
+
+
+class AgentSession(_Wire):
+    """One agent session's turns on this model, keyed by its conversation key (Claude Code's
+    `x-claude-code-session-id`, Codex's `prompt_cache_key`)."""
+
+    key: str = ""
+    turns: int = 0
+    prompt_tokens: int = 0  # all its turns together
+    cached_tokens: int = 0  # of those, read from the prefix cache
+    last_request_id: str = ""
+    last_prompt_tokens: int = 0
+    last_cached_tokens: int = 0
+    last_ttft_s: float = 0.0
+    miss_turn: int = 0  # the turn (from 1) of its latest cache miss; 0: none
+    miss_request_id: str = ""  # the server-wide latest miss (`cache.last_miss`) may be this one
+    miss_prompt_tokens: int = 0
+    miss_cached_tokens: int = 0
+    miss_reuse: str = ""  # partial (clearly less than the cache held) or fresh (nothing)
 
 
 class MissDigests(_Wire):
@@ -150,6 +171,7 @@ class StatsSnapshot(_Wire):
     counters: RequestCounters = Field(default_factory=RequestCounters)
     cache: CacheFigures = Field(default_factory=CacheFigures)
     recent: tuple[RecentRequest, ...] = ()  # oldest first
+    sessions: tuple[AgentSession, ...] = ()  # agent sessions, the latest active first
     # Several models in one server (`--small-model`, `--model A --model B`): the figures above
     # are the main model's; `models` has every model's own (queue, cache, rates, memory),
     # the main model first. One model: () .

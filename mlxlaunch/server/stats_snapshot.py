@@ -19,6 +19,7 @@ from mlxlaunch.engine.stats import EngineStats
 from mlxlaunch.protocol.limits import plain_model_id
 from mlxlaunch.protocol.stats import (
     STATS_VERSION,
+    AgentSession,
     CacheFigures,
     CacheMiss,
     MemoryFigures,
@@ -86,6 +87,9 @@ def stats_snapshot(
             last_miss=_last_miss(cache, excerpts),
         ),
         recent=tuple(RecentRequest.model_validate(r, from_attributes=True) for r in stats.recent),
+        sessions=tuple(
+            AgentSession.model_validate(s, from_attributes=True) for s in stats.sessions
+        ),
         role=stats.role,
         failure=stats.failure,
         models=tuple(

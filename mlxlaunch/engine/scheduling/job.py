@@ -144,6 +144,7 @@ class Job:
     # Filled in by the worker thread.
     uid: int | None = None
     cached_tokens: int = 0
+    cache_reuse: str | None = None  # how the cache served its prompt (Admitted.cache_reuse)
     started_at: float | None = None
     first_token_at: float | None = None
     # Its draft source for speculative decoding (built at submit), None: it does not draft.
@@ -193,6 +194,7 @@ class Job:
             drafted_tokens=self.drafted,
             accepted_tokens=self.accepted,
             cache_key=self.request.cache_key,
+            cache_reuse=self.cache_reuse or "",
         )
 
     def flush(self) -> None:

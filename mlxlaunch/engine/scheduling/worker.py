@@ -46,6 +46,13 @@ from mlxlaunch.engine.scheduling.batch import Batch, greedy, make_batch
 from mlxlaunch.engine.scheduling.conductor import Command, Conductor, drain_commands
 from mlxlaunch.engine.scheduling.job import Job, OutputStream, batched_delivery
 from mlxlaunch.engine.scheduling.lockstep import Lockstep, cluster_insert
+from mlxlaunch.engine.scheduling.main_first import (
+    is_main,
+    next_waiting,
+    prefilling,
+    step_is_urgent,
+    worker_is_urgent,
+)
 from mlxlaunch.engine.scheduling.prefill_pacing import PrefillPacer
 from mlxlaunch.engine.scheduling.prompt_caches import PromptCaches
 from mlxlaunch.engine.scheduling.retention import adopt_reply
@@ -207,6 +214,7 @@ class Worker:
             )
             return
         job.cached_tokens, reuse = self._caches.plan(job)
+        job.cache_reuse = reuse
         self._by_request_id[job.request_id] = job
         self.stats.count(requests_admitted=1)
         self._waiting.append(job)
@@ -327,10 +335,7 @@ class Worker:
     def urgent(self) -> bool:
         """An interactive main-loop request is prefilling: the user waits on its first token
         (a Conductor steps other models' workers less often meanwhile)."""
-        return any(
-            job.request.kind == "main" and job.last_progress < job.prompt_tokens
-            for job in self._running.values()
-        ) or any(job.request.kind == "main" for job in self._waiting)
+        return worker_is_urgent(self._running.values(), self._waiting)
 
     def _idle_for(self) -> float:
         since = self._idle_since
@@ -339,7 +344,7 @@ class Worker:
     def _start_waiting(self) -> None:
         """Move queued jobs into the batch while there are free slots."""
         while self._waiting and len(self._running) < self.config.max_concurrency:
-            job = self._next_waiting()
+            job = next_waiting(self._waiting)
             self._leave_queue(job)
             try:
                 self._insert(job)
@@ -348,14 +353,6 @@ class Worker:
                 if job.shared:  # the other ranks took it: they and rank 0 now differ
                     self._lose_cluster(exc)
                     return
-
-    def _next_waiting(self) -> Job:
-        """The main loop first: the oldest waiting main-loop request, else the oldest one."""
-        for job in self._waiting:
-            if job.request.kind == "main":
-                self._waiting.remove(job)
-                return job
-        return self._waiting.popleft()
 
     def _insert(self, job: Job) -> None:
         loaded = self._require_loaded()
@@ -390,7 +387,7 @@ class Worker:
             processors=processors,
             drafter=job.drafter,
             snapshot=self._caches.snapshots_wanted,
-            urgent=request.kind == "main",
+            urgent=is_main(job),
         )
         job.uid = uid
         job.started_at = self.config.clock()
@@ -401,16 +398,9 @@ class Worker:
         generator = self._batch_generator()
         self._speeds.measure(generator)
         jobs = self._running.values()
-        prefilling = [job.last_progress < job.prompt_tokens for job in jobs]
-        # Main-loop requests, whether each still prefills: all of them prefilling (none
-        # decoding) makes the step urgent — the main loop's prompt goes first.
-        mains = [
-            job.last_progress < job.prompt_tokens for job in jobs if job.request.kind == "main"
-        ]
+        prefills = [prefilling(job) for job in jobs]
         slice_tokens = self._pacer.plan(
-            decoding=not all(prefilling),
-            prefilling=any(prefilling),
-            urgent=bool(mains) and all(mains),
+            decoding=not all(prefills), prefilling=any(prefills), urgent=step_is_urgent(jobs)
         )
         try:  # the step's forward passes included (batch.py)
             if self._lockstep is not None:
