@@ -23,6 +23,14 @@ from mlxlaunch.bench.ours import OURS_NAME, LocalServer, start_local_server
 from mlxlaunch.bench.peer import PEER_NAME, PeerFailed, PeerServer
 from mlxlaunch.bench.plan import build_plan
 from mlxlaunch.bench.progress import ProgressSink, SilentProgress
+from mlxlaunch.bench.replay import (
+    ChatReplay,
+    ReplayTarget,
+    ServedReplay,
+    describe,
+    measure_replay,
+    replay_turns,
+)
 from mlxlaunch.bench.report import build_report
 from mlxlaunch.bench.restart import restart_both
 from mlxlaunch.bench.runner import (
@@ -40,6 +48,7 @@ from mlxlaunch.bench.speculative_report import SpecRow, speculative_rows
 from mlxlaunch.bench.summary import SummaryRow, summary_rows
 from mlxlaunch.bench.tool_loop import run_tool_loop, tool_loop_size
 from mlxlaunch.engine.config import default_prefill_chunk
+from mlxlaunch.launch.transcripts import Transcript
 
 
 @dataclass
@@ -55,6 +64,7 @@ class BenchOptions:
         peer: also run mlx-lm's own server.
         peer_timeout_s: how long the peer may take to load before it is left out.
         max_concurrency: our server's batch width (None: the engine's default).
+        replay: a recorded agent session to replay on both servers (`bench.replay`).
     """
 
     model_dir: str
@@ -65,6 +75,7 @@ class BenchOptions:
     peer: bool = True
     peer_timeout_s: float = 300.0
     max_concurrency: int | None = None
+    replay: Transcript | None = None
 
     def engine_options(self) -> dict[str, Any]:
         """EngineConfig arguments for our server beyond the model."""
@@ -104,6 +115,22 @@ def _codex_targets(
         targets = [ResponsesTarget(OURS_NAME, local.url, auth_token=local.auth_token)]
     if peer:
         targets.append(ResponsesTarget(PEER_NAME, peer.url))
+    return targets
+
+
+def _replay_targets(
+    options: BenchOptions, local: LocalServer | None, peer: PeerServer | None
+) -> list[ReplayTarget]:
+    """The replay's clients: ours over the agent's API, the peer over chat completions."""
+    if options.url:
+        targets: list[ReplayTarget] = [
+            ServedReplay(OURS_NAME, options.url, auth_token=options.auth_token)
+        ]
+    else:
+        assert local is not None  # started before the server workloads
+        targets = [ServedReplay(OURS_NAME, local.url, auth_token=local.auth_token)]
+    if peer:
+        targets.append(ChatReplay(OpenAITarget(PEER_NAME, peer.url)))
     return targets
 
 
@@ -189,6 +216,22 @@ async def _run(options: BenchOptions, progress: ProgressSink, cache_dir: Path) -
             finally:
                 for codex_target in codex_targets:
                     await codex_target.aclose()
+        if options.replay is not None:
+            # Same servers and model again: the recorded session's prompt is its own.
+            turns = replay_turns(options.replay, max_tokens=config.turn_max_tokens)
+            replay_targets = _replay_targets(options, local, peer)
+            progress.begin(
+                f"replaying {options.replay.path.name}, alternating",
+                len(turns) * len(replay_targets),
+            )
+            try:
+                figures = await measure_replay(
+                    replay_targets, turns, max_tokens=config.turn_max_tokens, progress=progress
+                )
+                servers["replay"] = {**describe(options.replay), **figures}
+            finally:
+                for replay_target in replay_targets:
+                    await replay_target.aclose()
         if plan.restart is not None and (local or peer):
             # Stop both first: each restarted server is measured alone on the machine, and
             # ours writes its pending prefixes to the cache directory as it stops.

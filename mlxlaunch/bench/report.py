@@ -153,6 +153,7 @@ def build_report(
             "restart": servers.get("restart", {}),
             "tool_loop": servers.get("tool_loop", {}),
             "codex_session": servers.get("codex_session", {}),
+            "replay": servers.get("replay", {}),
             "concurrency": servers["concurrency"],
             "decode": {"runs": servers["decode"], "ceiling": limits["decode_ceiling"]},
             "prefill_floor": limits["prefill_floor"],

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
     from mlxlaunch.bench.config import BenchConfig
     from mlxlaunch.cluster.hosts import Cluster
+    from mlxlaunch.launch.transcripts import Transcript
 
 
 class ProgressBars:
@@ -124,6 +125,33 @@ def bench(
         int | None,
         typer.Option(min=1, help="Our server's batch width (default: the engine's)."),
     ] = None,
+    replay: Annotated[
+        Path | None,
+        typer.Option(
+            "--replay",
+            help="Replay your own recorded session on both servers, request by request: a "
+            "Claude Code transcript (~/.claude/projects/<project>/<session>.jsonl) or a Codex "
+            "rollout (~/.codex/sessions/<date>/rollout-*.jsonl).",
+            show_default=False,
+        ),
+    ] = None,
+    redact: Annotated[
+        bool,
+        typer.Option(
+            "--redact",
+            help="With --replay: replace every text of the session with filler of the same "
+            "token count, and replay that (shareable); see --redact-out.",
+        ),
+    ] = False,
+    redact_out: Annotated[
+        Path | None,
+        typer.Option(
+            "--redact-out",
+            help="Where --redact writes the redacted session, in the agent's own format "
+            "(default: beside the report, <name>.redacted.jsonl).",
+            show_default=False,
+        ),
+    ] = None,
     out: Annotated[
         Path | None,
         typer.Option(
@@ -190,10 +218,18 @@ def bench(
 
       mlx bench --quick --model tiny-moe --hosts 127.0.0.1,127.0.0.1
 
+      mlx bench --quick --model tiny --replay ~/.claude/projects/-app/ID.jsonl
+
     With --hosts (or --hostfile) the workloads run once per rank count instead, each alone:
     `mlx serve` as one process, then `mlx serve --hosts` on the first k hosts; the table shows
     every rank count and its ratio to the first. mlx-lm's server, the tool loop and
     speculative decoding are left out.
+
+    With --replay, one of your own sessions follows on the same servers: each request its
+    agent sent (not the model's new answers), with time to first token, prompt tokens reused
+    and where a turn missed our prefix cache and why, the answer's tool-call validity, and
+    decode speed per turn. --redact replaces its text with filler of the same token count
+    first, so the replay (and --redact-out's file) can be shared.
     """
     from mlxlaunch.cluster.hosts import cluster_from_options
 
@@ -202,6 +238,10 @@ def bench(
         raise ConfigError("--url measures one server already running; --hosts starts its own")
     if cluster is None and ranks is not None:
         raise ConfigError("--ranks needs --hosts or --hostfile")
+    if cluster is not None and replay is not None:
+        raise ConfigError("--replay measures one server beside mlx_lm.server, not --hosts")
+    if replay is None and (redact or redact_out is not None):
+        raise ConfigError("--redact and --redact-out need --replay PATH")
     from mlxlaunch.bench.config import BenchConfig
     from mlxlaunch.bench.report import caveats, markdown_table, render_table
 
@@ -232,6 +272,10 @@ def bench(
     if cluster is not None:
         _bench_cluster(cluster, ranks, str(model_dir), model, config, max_concurrency, out, console)
         return
+    recorded = None
+    if replay is not None:
+        recorded = _recorded_session(replay, redact or redact_out is not None, redact_out,
+                                     str(model_dir), out, console)  # fmt: skip
     options = BenchOptions(
         str(model_dir),
         model,
@@ -240,6 +284,7 @@ def bench(
         auth_token=auth_token,
         peer=peer,
         max_concurrency=max_concurrency,
+        replay=recorded,
     )
     with _progress(console) as progress:
         outcome = asyncio.run(run_benchmark(options, ProgressBars(progress)))
@@ -253,6 +298,36 @@ def bench(
     if outcome.speculative:
         table += "\n" + _print_speculative(outcome, config.speculative_rounds, console)
     _write(out, report, table, outcome, model, console)
+
+
+def _recorded_session(
+    path: Path, redact: bool, redact_out: Path | None, model_dir: str, out: Path, console: Console
+) -> Transcript:
+    """The session --replay names, redacted first when asked (then the redacted copy is what
+    replays); says what the transcript does not record and where that was taken from."""
+    from mlxlaunch.launch.transcripts import read_transcript
+
+    transcript = read_transcript(path)
+    if redact:
+        from mlxlaunch.bench.replay import model_token_count, write_redacted
+
+        target = redact_out if redact_out is not None else out / f"{path.stem}.redacted.jsonl"
+        transcript, inexact = write_redacted(transcript, model_token_count(model_dir), target)
+        console.print(f"redacted session: {target}", highlight=False)
+        if inexact:
+            console.print(
+                f"[yellow]note:[/] {inexact} texts got filler a few tokens shorter than they were "
+                "(no filler of exactly their count)",
+                highlight=False,
+            )
+    console.print(
+        f"replaying {len(transcript.turns)} turns of {transcript.agent} session "
+        f"{transcript.session_id} (recorded by version {transcript.version or 'unknown'}); "
+        f"not in the transcript, taken from {transcript.template}'s captured request: "
+        f"{', '.join(transcript.filled)}",
+        highlight=False,
+    )
+    return transcript
 
 
 def _print_speculative(outcome: Any, rounds: int, console: Console) -> str:
