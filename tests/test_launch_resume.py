@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from engine_helpers import serve
 from rich.console import Console
 from transcript_files import (
     claude_project_slug,
@@ -25,7 +26,7 @@ from transcript_files import (
 
 from mlxlaunch.launch.integrations import CLAUDE
 from mlxlaunch.launch.options import LaunchOptions
-from mlxlaunch.launch.resume import warm_request
+from mlxlaunch.launch.resume import ResumeWarmth, prefill, warm_request
 from mlxlaunch.launch.session import launch_agent
 from mlxlaunch.launch.transcripts import read_transcript
 from mlxlaunch.launch.transcripts.locate import project_slug, resumed_session_file
@@ -212,3 +213,26 @@ def test_a_warm_resume_makes_the_first_turn_reuse_the_recorded_session(
     assert first_warm["cached_tokens"] >= 0.95 * first_warm["prompt_tokens"]
     assert warm["usage"]["cache_read_input_tokens"] == first_warm["cached_tokens"]
     assert first_cold["cached_tokens"] < 0.05 * first_cold["prompt_tokens"]
+
+
+@pytest.mark.slow
+def test_a_warm_codex_resume_is_reused_by_the_next_responses_turn(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """The warm-up of a Codex rollout goes over /v1/responses as Codex sends it; the
+    resumed turn (the recorded items and the user's new words) reads it back."""
+    rollout = write_codex_rollout(tmp_path, "019a0000-0000-7000-8000-00000000000d", "/w",
+                                  turns=8)  # fmt: skip
+    warmth = ResumeWarmth(read_transcript(rollout))
+    token = "resume-test"
+    with serve(tiny_model_dir, token=token, scripted=False) as served:
+        prefill(warmth, served.server.url, token)
+        assert "error" not in warmth.outcome, warmth.outcome
+        body = copy.deepcopy(warmth.transcript.resume_body)
+        body["input"][-1]["content"][0]["text"] = "Now add a test for the fix."
+        answer = served.post("/v1/responses", {**body, "stream": False, "max_output_tokens": 1})
+    assert answer.status_code == 200, answer.text
+    usage = answer.json()["usage"]
+    print("warm-up:", warmth.outcome, "resumed turn:", usage)
+    assert usage["input_tokens"] > 5_000
+    assert usage["input_tokens_details"]["cached_tokens"] >= 0.95 * usage["input_tokens"]
