@@ -31,8 +31,10 @@ from mlxlaunch.bench.replay import (
     call_problem,
     describe,
     measure_replay,
+    measure_settings,
     miss_of,
     model_token_count,
+    replay_settings,
     replay_turns,
     write_redacted,
 )
@@ -304,17 +306,70 @@ def test_mlx_bench_replay_redacted_prints_the_turns_and_writes_them(
     out, redacted = tmp_path / "results", tmp_path / "shared.jsonl"
     done = _bench("--quick", "--model", "tiny", "--out", str(out), "--no-speculative",
                   "--no-restart", "--no-tool-loop", "--no-codex-session", "--concurrency", "1",
-                  "--replay", str(CODEX), "--redact", "--redact-out", str(redacted))  # fmt: skip
+                  "--replay", str(CODEX), "--redact", "--redact-out", str(redacted),
+                  "--replay-kv-bits", "8")  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"redacted session: {redacted}" in done.stdout
     assert "replaying 5 turns of codex session" in done.stdout and "tools" in done.stdout
     assert "replay (codex 0.171.0)" in done.stdout and "turn 5 TTFT" in done.stdout
+    assert "TTFT p50, --kv-bits 8" in done.stdout
     assert "coupon" not in redacted.read_text()
     assert len(read_transcript(redacted).turns) == 5
     [json_path] = out.glob("*.json")
     replay = json.loads(json_path.read_text())["workloads"]["replay"]
     assert replay["file"] == "shared.jsonl" and replay["agent"] == "codex"
     assert [t["turn"] for t in replay["turns"]] == [1, 2, 3, 4, 5]
+    assert [s["setting"] for s in replay["settings"]] == ["--kv-bits 8"]
     for turn in replay["turns"]:
         assert turn["results"].keys() == {OURS, PEER}
         assert all(r["error"] is None for r in turn["results"].values())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--replay-kv-bits", "8"], "--replay-kv-bits and --replay-speculate need --replay PATH"),
+        (["--replay", str(CODEX), "--replay-kv-bits", "6"], "--replay-kv-bits takes 8 or 4"),
+        (["--replay", str(CODEX), "--replay-speculate", "draft"],
+         "--replay-speculate takes auto, lookup, off"),
+    ],
+)  # fmt: skip
+def test_replay_settings_are_checked_before_anything_starts(
+    args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", "--model", "tiny", "--out", str(tmp_path), *args]) == 2
+    assert message in " ".join("".join(capsys.readouterr()).split())
+
+
+def test_each_setting_is_one_flag_with_the_others_at_their_defaults() -> None:
+    settings = replay_settings((8, 4), ("off",))
+    assert [(s.label, s.options) for s in settings] == [
+        ("--kv-bits 8", {"kv_bits": 8}), ("--kv-bits 4", {"kv_bits": 4}),
+        ("--speculate off", {"speculate": "off"}),
+    ]  # fmt: skip
+    assert replay_settings((), ()) == []
+
+
+@pytest.mark.slow
+def test_the_replay_runs_again_under_each_setting_on_a_server_of_its_own(
+    tiny_model_dir: Path,
+) -> None:
+    """--replay-kv-bits 8 and --replay-speculate off: the Codex rollout replayed on a server
+    started with each; both reuse each turn's previous prompt, and each has its rows."""
+    turns = replay_turns(read_transcript(CODEX), max_tokens=4)
+    settings = replay_settings((8,), ("off",))
+    measured = asyncio.run(
+        measure_settings(
+            str(tiny_model_dir), turns, settings, max_tokens=4, progress=SilentProgress()
+        )
+    )
+    assert [m["setting"] for m in measured] == ["--kv-bits 8", "--speculate off"]
+    for setting in measured:
+        sent = [t["results"][OURS] for t in setting["turns"]]
+        assert all(t["error"] is None for t in sent)
+        for before, after in itertools.pairwise(sent):
+            assert after["cached_tokens"] >= 0.95 * before["prompt_tokens"]
+    replay = {"agent": "codex", "version": "0.171.0", "targets": [OURS],
+              "turns": measured[0]["turns"], "settings": measured}  # fmt: skip
+    metrics = [r.metric for r in replay_rows({"replay": replay})]
+    assert "TTFT p50, --kv-bits 8" in metrics and "prompt tokens reused, --speculate off" in metrics

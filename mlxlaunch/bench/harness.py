@@ -29,6 +29,8 @@ from mlxlaunch.bench.replay import (
     ServedReplay,
     describe,
     measure_replay,
+    measure_settings,
+    replay_settings,
     replay_turns,
 )
 from mlxlaunch.bench.report import build_report
@@ -300,6 +302,30 @@ async def _run(options: BenchOptions, progress: ProgressSink, cache_dir: Path) -
                     engine_options=options.engine_options(),
                 )
                 warnings += loop_warnings
+        settings = replay_settings(config.replay_kv_bits, config.replay_speculate)
+        if options.replay is not None and settings:
+            if options.url:
+                warnings.append(
+                    "replay settings left out: they start servers of their own, not the "
+                    "server at --url"
+                )
+            else:
+                for target in targets:  # each setting's server runs alone
+                    await target.aclose()
+                targets = []
+                if local:
+                    local.stop()
+                    local = None
+                if peer:
+                    peer.stop()
+                servers["replay"]["settings"] = await measure_settings(
+                    options.model_dir,
+                    replay_turns(options.replay, max_tokens=config.turn_max_tokens),
+                    settings,
+                    max_tokens=config.turn_max_tokens,
+                    progress=progress,
+                    engine_options=options.engine_options(),
+                )
     finally:
         for target in targets:
             await target.aclose()

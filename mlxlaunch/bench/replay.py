@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import json
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -281,3 +282,52 @@ def write_redacted(transcript: Transcript, count: TokenCount, out: Path) -> tupl
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(write_jsonl(records), encoding="utf-8")
     return read_transcript(out), redactor.inexact
+
+
+@dataclass(frozen=True)
+class ReplaySetting:
+    """A server setting the replay is run again under: its flag and its engine option."""
+
+    label: str  # as the flag is written, e.g. "--kv-bits 8"
+    options: dict[str, Any]
+
+
+def replay_settings(kv_bits: Sequence[int], speculate: Sequence[str]) -> list[ReplaySetting]:
+    """One setting per `--kv-bits` value and per `--speculate` mode, each alone (the others
+    at their defaults, as the run's own server has them)."""
+    return [ReplaySetting(f"--kv-bits {b}", {"kv_bits": b}) for b in kv_bits] + [
+        ReplaySetting(f"--speculate {m}", {"speculate": m}) for m in speculate
+    ]
+
+
+async def measure_settings(
+    model_dir: str,
+    turns: Sequence[ReplayTurn],
+    settings: Sequence[ReplaySetting],
+    *,
+    max_tokens: int,
+    progress: ProgressSink,
+    engine_options: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """The replay on a server of ours per setting, each started alone on a fresh cache
+    directory and stopped after; raw figures per setting."""
+    from mlxlaunch.bench.ours import OURS_NAME, start_local_server
+
+    measured = []
+    for setting in settings:
+        progress.begin(f"replay with {setting.label}", len(turns))
+        with tempfile.TemporaryDirectory(prefix="mlx-bench-replay-") as cache_dir:
+            local = await start_local_server(
+                model_dir, cache_dir=Path(cache_dir), **{**(engine_options or {}),
+                                                        **setting.options}
+            )  # fmt: skip
+            target = ServedReplay(OURS_NAME, local.url, auth_token=local.auth_token)
+            try:
+                figures = await measure_replay(
+                    [target], turns, max_tokens=max_tokens, progress=progress
+                )
+            finally:
+                await target.aclose()
+                local.stop()
+        measured.append({"setting": setting.label, **figures})
+    return measured

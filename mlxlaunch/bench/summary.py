@@ -318,6 +318,22 @@ def replay_rows(servers: dict[str, Any]) -> list[SummaryRow]:
             {n: _p((t.get("decode_tokens_per_s") for t in every(n)), 50) for n in names},
         ),
     ]  # fmt: skip
+    for setting in replay.get("settings", []):
+        [name] = setting["targets"]
+        sent = [t["results"][name] for t in setting["turns"]]
+        prompt = sum(t.get("prompt_tokens") or 0 for t in sent)
+        cached = sum(t.get("cached_tokens") or 0 for t in sent)
+        rows.append(
+            SummaryRow(
+                label, f"TTFT p50, {setting['setting']}", "s", False,
+                {name: _p((t.get("ttft_s") for t in sent), 50)},
+                notes={name: _reuse_note(sent)},
+            )
+        )  # fmt: skip
+        rows.append(
+            SummaryRow(label, f"prompt tokens reused, {setting['setting']}", "%", True,
+                       {name: cached / prompt if prompt else None})
+        )  # fmt: skip
     return rows
 
 

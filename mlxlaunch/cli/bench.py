@@ -55,6 +55,27 @@ def _levels(text: str) -> tuple[int, ...]:
     return levels
 
 
+def _kv_bits(text: str) -> tuple[int, ...]:
+    from mlxlaunch.engine.settings import KV_BITS
+
+    words = [w.strip() for w in text.split(",") if w.strip()]
+    if not words or any(w not in {str(b) for b in KV_BITS} for w in words):
+        allowed = " or ".join(map(str, KV_BITS))
+        raise ConfigError(f"--replay-kv-bits takes {allowed}, comma-separated, not {text!r}")
+    return tuple(int(w) for w in words)
+
+
+def _modes(text: str) -> tuple[str, ...]:
+    from mlxlaunch.engine.config import SPECULATE_MODES
+
+    modes = [m for m in SPECULATE_MODES if m != "draft"]  # the bench names no draft model
+    words = [w.strip() for w in text.split(",") if w.strip()]
+    if not words or any(w not in modes for w in words):
+        allowed = ", ".join(modes)
+        raise ConfigError(f"--replay-speculate takes {allowed}, comma-separated, not {text!r}")
+    return tuple(words)
+
+
 def bench(
     model: Annotated[
         str, model_option("Alias, org/repo, path, or a test model (tiny, small, medium, large).")
@@ -132,6 +153,23 @@ def bench(
             help="Replay your own recorded session on both servers, request by request: a "
             "Claude Code transcript (~/.claude/projects/<project>/<session>.jsonl) or a Codex "
             "rollout (~/.codex/sessions/<date>/rollout-*.jsonl).",
+            show_default=False,
+        ),
+    ] = None,
+    replay_kv_bits: Annotated[
+        str | None,
+        typer.Option(
+            "--replay-kv-bits",
+            help="With --replay: replay again on our server with each --kv-bits, e.g. 8,4.",
+            show_default=False,
+        ),
+    ] = None,
+    replay_speculate: Annotated[
+        str | None,
+        typer.Option(
+            "--replay-speculate",
+            help="With --replay: replay again on our server with each --speculate mode, "
+            "e.g. off,lookup.",
             show_default=False,
         ),
     ] = None,
@@ -230,6 +268,8 @@ def bench(
     and where a turn missed our prefix cache and why, the answer's tool-call validity, and
     decode speed per turn. --redact replaces its text with filler of the same token count
     first, so the replay (and --redact-out's file) can be shared.
+    --replay-kv-bits and --replay-speculate replay it again on a server of ours with each
+    setting, alone on the machine, to pick them.
     """
     from mlxlaunch.cluster.hosts import cluster_from_options
 
@@ -242,6 +282,8 @@ def bench(
         raise ConfigError("--replay measures one server beside mlx_lm.server, not --hosts")
     if replay is None and (redact or redact_out is not None):
         raise ConfigError("--redact and --redact-out need --replay PATH")
+    if replay is None and (replay_kv_bits or replay_speculate):
+        raise ConfigError("--replay-kv-bits and --replay-speculate need --replay PATH")
     from mlxlaunch.bench.config import BenchConfig
     from mlxlaunch.bench.report import caveats, markdown_table, render_table
 
@@ -260,6 +302,8 @@ def bench(
         restart=restart,
         tool_loop=tool_loop,
         codex_session=codex_session,
+        replay_kv_bits=_kv_bits(replay_kv_bits) if replay_kv_bits else None,
+        replay_speculate=_modes(replay_speculate) if replay_speculate else None,
     )
     console = stdout_console()  # logs and CI: the table is not wrapped at 80 columns
     import asyncio
