@@ -7,7 +7,7 @@ _mlx_model_names() {
 _mlx_node() {
     case "$1" in
         "") children="bench completions config dash doctor launch models ps serve stop" flags="--version --debug -h --help" models="" paths="" texts="" arg="" ;;
-        "bench") children="" flags="--quick --peer --no-peer --speculative --no-speculative --restart --no-restart --tool-loop --no-tool-loop --codex-session --no-codex-session --debug -h --help" models="--model -m" paths="--out --hostfile" texts="--url --auth-token --turns --tool-result-chars --decode-tokens --runs --concurrency --concurrency-prompt-tokens --concurrency-tokens --rounds --small-model --max-concurrency --hosts --backend --parallel --ranks" arg="" ;;
+        "bench") children="" flags="--quick --peer --no-peer --speculative --no-speculative --restart --no-restart --tool-loop --no-tool-loop --codex-session --no-codex-session --redact --debug -h --help" models="--model -m" paths="--replay --redact-out --out --hostfile" texts="--url --auth-token --turns --tool-result-chars --decode-tokens --runs --concurrency --concurrency-prompt-tokens --concurrency-tokens --rounds --small-model --max-concurrency --replay-kv-bits --replay-speculate --hosts --backend --parallel --ranks" arg="" ;;
         "completions") children="" flags="--debug -h --help" models="" paths="--write" texts="" arg="text" ;;
         "config") children="get set show unset" flags="--debug -h --help" models="" paths="" texts="" arg="" ;;
         "config get") children="" flags="--debug -h --help" models="" paths="" texts="" arg="text" ;;

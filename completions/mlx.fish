@@ -10,7 +10,7 @@ function __mlx_node --argument-names path what
             test $what = valued; and printf '%s\n' 
         case 'bench'
             test $what = children; and printf '%s\n' 
-            test $what = valued; and printf '%s\n' --model -m --url --auth-token --turns --tool-result-chars --decode-tokens --runs --concurrency --concurrency-prompt-tokens --concurrency-tokens --rounds --small-model --max-concurrency --out --hosts --hostfile --backend --parallel --ranks
+            test $what = valued; and printf '%s\n' --model -m --url --auth-token --turns --tool-result-chars --decode-tokens --runs --concurrency --concurrency-prompt-tokens --concurrency-tokens --rounds --small-model --max-concurrency --replay --replay-kv-bits --replay-speculate --redact-out --out --hosts --hostfile --backend --parallel --ranks
         case 'completions'
             test $what = children; and printf '%s\n' 
             test $what = valued; and printf '%s\n' --write
@@ -135,6 +135,11 @@ complete -c mlx -n "__mlx_at 'bench'" -l tool-loop -l no-tool-loop -d 'Time new 
 complete -c mlx -n "__mlx_at 'bench'" -l codex-session -l no-codex-session -d 'Replay Codex CLIs captured session over /v1/responses, beside Claude C'
 complete -c mlx -n "__mlx_at 'bench'" -l small-model -x -d 'Also time the main turn beside Claude Codes side requests (haiku tier)'
 complete -c mlx -n "__mlx_at 'bench'" -l max-concurrency -x -d 'Our servers batch width (default: the engines).'
+complete -c mlx -n "__mlx_at 'bench'" -l replay -r -F -d 'Replay your own recorded session on both servers, request by request: '
+complete -c mlx -n "__mlx_at 'bench'" -l replay-kv-bits -x -d 'With --replay: replay again on our server with each --kv-bits, e.g. 8,'
+complete -c mlx -n "__mlx_at 'bench'" -l replay-speculate -x -d 'With --replay: replay again on our server with each --speculate mode, '
+complete -c mlx -n "__mlx_at 'bench'" -l redact -d 'With --replay: replace every text of the session with filler of the sa'
+complete -c mlx -n "__mlx_at 'bench'" -l redact-out -r -F -d 'Where --redact writes the redacted session, in the agents own format ('
 complete -c mlx -n "__mlx_at 'bench'" -l out -r -F -d 'Directory for the JSON report and the SVG chart (default: mlxlaunchs h'
 complete -c mlx -n "__mlx_at 'bench'" -l hosts -x -d 'Measure mlx serve --hosts on these machines (rank 0 first: this one) b'
 complete -c mlx -n "__mlx_at 'bench'" -l hostfile -r -F -d 'An MLX hostfile instead of --hosts.'

@@ -32,6 +32,10 @@ class StreamTiming:
     cached_tokens: int | None = None
     output_tokens: int | None = None
     error: str | None = None
+    # The server's id of the answer (Messages `msg_…`, Responses `resp_…`), and the tool calls
+    # it made, each [name, arguments as JSON text] (the replay judges them).
+    response_id: str | None = None
+    calls: list[list[str]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         """Every raw figure, for the JSON report."""
@@ -104,8 +108,16 @@ def on_anthropic_event(event: str, data: str, timing: StreamTiming, now: float) 
         created = usage.get("cache_creation_input_tokens") or 0
         timing.prompt_tokens = (usage.get("input_tokens") or 0) + cached + created
         timing.cached_tokens = cached
+        timing.response_id = payload["message"].get("id")
+    elif kind == "content_block_start":
+        block = payload.get("content_block") or {}
+        if block.get("type") == "tool_use":
+            timing.calls.append([str(block.get("name", "")), ""])
     elif kind == "content_block_delta":
         content_arrived(timing, now)
+        delta = payload.get("delta") or {}
+        if delta.get("type") == "input_json_delta" and timing.calls:
+            timing.calls[-1][1] += delta.get("partial_json") or ""
     elif kind == "message_delta":
         usage = payload.get("usage") or {}
         if usage.get("output_tokens") is not None:
@@ -123,6 +135,13 @@ def on_openai_event(event: str, data: str, timing: StreamTiming, now: float) -> 
         delta = choice.get("delta") or {}
         if delta.get("content") or delta.get("reasoning") or delta.get("tool_calls"):
             content_arrived(timing, now)
+        for call in delta.get("tool_calls") or []:
+            index = call.get("index", len(timing.calls))
+            while len(timing.calls) <= index:
+                timing.calls.append(["", ""])
+            function = call.get("function") or {}
+            timing.calls[index][0] += function.get("name") or ""
+            timing.calls[index][1] += function.get("arguments") or ""
     usage = payload.get("usage")
     if usage:
         timing.prompt_tokens = usage.get("prompt_tokens")
@@ -161,6 +180,15 @@ class HttpTarget:
         url = f"{self.base_url}{path}"
         return await timed_stream(self._client, url, body, headers, on_event, self._clock)
 
+    async def get_json(self, path: str) -> Any:
+        """GET `path` (with the bearer token) and read its JSON body; None when the server
+        answers anything but 200 or cannot be reached."""
+        try:
+            response = await self._client.get(f"{self.base_url}{path}", headers=self._bearer)
+        except httpx.HTTPError:
+            return None
+        return response.json() if response.status_code == 200 else None
+
     async def aclose(self) -> None:
         """Close the HTTP connections."""
         await self._client.aclose()
@@ -171,7 +199,10 @@ class AnthropicTarget(HttpTarget):
 
     async def measure(self, conversation: Conversation, max_tokens: int) -> StreamTiming:
         """Send one streaming request and time it."""
-        body = anthropic_body(conversation, max_tokens=max_tokens)
+        return await self.send(anthropic_body(conversation, max_tokens=max_tokens))
+
+    async def send(self, body: dict[str, Any]) -> StreamTiming:
+        """Send a streaming request body as a client built it (a replayed agent's) and time it."""
         key = {"anthropic-version": "2023-06-01", "x-api-key": self._auth_token or "bench"}
         return await self._stream("/v1/messages", body, key | self._bearer, on_anthropic_event)
 

@@ -147,8 +147,13 @@ def on_responses_event(event: str, data: str, timing: StreamTiming, now: float) 
     kind = payload.get("type", event)
     if kind in CONTENT_DELTAS and payload.get("delta"):
         content_arrived(timing, now)
+    item = payload.get("item")
+    done = kind == "response.output_item.done" and isinstance(item, dict)
+    if done and item.get("type") == "function_call":
+        timing.calls.append([str(item.get("name", "")), str(item.get("arguments", ""))])
     response = payload.get("response")
     if isinstance(response, dict):
+        timing.response_id = timing.response_id or response.get("id")
         usage = response.get("usage")
         if usage:
             timing.prompt_tokens = usage.get("input_tokens")

@@ -33,6 +33,9 @@ class BenchConfig:
         codex_session: after the Claude Code workloads, on the same servers and model, Codex
             CLI's captured requests grown by a function call and its output per turn, over
             `/v1/responses` (`bench.codex_session`); `turns` turns.
+        replay_kv_bits: with a replay (`--replay`), replay it again on a server of ours
+            started with each of these `--kv-bits` (after the other workloads, alone).
+        replay_speculate: the same for each of these `--speculate` modes.
         speculative: our server with `--speculate auto` beside `--speculate off`, on a copy
             workload (the `copy` test model rewriting a file) and on the decode prompt of the
             run's own model (`bench.speculative`).
@@ -63,6 +66,8 @@ class BenchConfig:
     restart_wait_s: float = 3.0
     tool_loop: bool = True
     codex_session: bool = True
+    replay_kv_bits: tuple[int, ...] = ()
+    replay_speculate: tuple[str, ...] = ()
     speculative: bool = True
     speculative_streams: tuple[int, ...] = (1, 4)
     speculative_rounds: int = 3
@@ -128,4 +133,6 @@ class BenchConfig:
         data = asdict(self)
         data["concurrency"] = list(self.concurrency)
         data["speculative_streams"] = list(self.speculative_streams)
+        data["replay_kv_bits"] = list(self.replay_kv_bits)
+        data["replay_speculate"] = list(self.replay_speculate)
         return data

@@ -24,6 +24,16 @@ from mlxlaunch.bench.ours import OURS_NAME, LocalServer, start_local_server
 from mlxlaunch.bench.peer import PEER_NAME, PeerFailed, PeerServer
 from mlxlaunch.bench.plan import build_plan
 from mlxlaunch.bench.progress import ProgressSink, SilentProgress
+from mlxlaunch.bench.replay import (
+    ChatReplay,
+    ReplayTarget,
+    ServedReplay,
+    describe,
+    measure_replay,
+    measure_settings,
+    replay_settings,
+    replay_turns,
+)
 from mlxlaunch.bench.report import build_report
 from mlxlaunch.bench.restart import restart_both
 from mlxlaunch.bench.runner import (
@@ -41,6 +51,7 @@ from mlxlaunch.bench.speculative_report import SpecRow, speculative_rows
 from mlxlaunch.bench.summary import SummaryRow, summary_rows
 from mlxlaunch.bench.tool_loop import run_tool_loop, tool_loop_size
 from mlxlaunch.engine.config import default_prefill_chunk
+from mlxlaunch.launch.transcripts import Transcript
 
 
 @dataclass
@@ -59,6 +70,7 @@ class BenchOptions:
         small_model_dir: a small model for the haiku-tier workload (`bench.haiku_tier`),
             served beside the main one as `--small-model` does (None: no such workload).
         small_model_name: how the user named it.
+        replay: a recorded agent session to replay on both servers (`bench.replay`).
     """
 
     model_dir: str
@@ -71,6 +83,7 @@ class BenchOptions:
     max_concurrency: int | None = None
     small_model_dir: str | None = None
     small_model_name: str | None = None
+    replay: Transcript | None = None
 
     def engine_options(self) -> dict[str, Any]:
         """EngineConfig arguments for our server beyond the model."""
@@ -122,6 +135,22 @@ async def _stop(targets: list[Target], local: LocalServer | None, peer: PeerServ
         local.stop()
     if peer is not None:
         peer.stop()
+
+
+def _replay_targets(
+    options: BenchOptions, local: LocalServer | None, peer: PeerServer | None
+) -> list[ReplayTarget]:
+    """The replay's clients: ours over the agent's API, the peer over chat completions."""
+    if options.url:
+        targets: list[ReplayTarget] = [
+            ServedReplay(OURS_NAME, options.url, auth_token=options.auth_token)
+        ]
+    else:
+        assert local is not None  # started before the server workloads
+        targets = [ServedReplay(OURS_NAME, local.url, auth_token=local.auth_token)]
+    if peer:
+        targets.append(ChatReplay(OpenAITarget(PEER_NAME, peer.url)))
+    return targets
 
 
 async def run_benchmark(
@@ -206,6 +235,22 @@ async def _run(options: BenchOptions, progress: ProgressSink, cache_dir: Path) -
             finally:
                 for codex_target in codex_targets:
                     await codex_target.aclose()
+        if options.replay is not None:
+            # Same servers and model again: the recorded session's prompt is its own.
+            turns = replay_turns(options.replay, max_tokens=config.turn_max_tokens)
+            replay_targets = _replay_targets(options, local, peer)
+            progress.begin(
+                f"replaying {options.replay.path.name}, alternating",
+                len(turns) * len(replay_targets),
+            )
+            try:
+                figures = await measure_replay(
+                    replay_targets, turns, max_tokens=config.turn_max_tokens, progress=progress
+                )
+                servers["replay"] = {**describe(options.replay), **figures}
+            finally:
+                for replay_target in replay_targets:
+                    await replay_target.aclose()
         if plan.restart is not None and (local or peer):
             # Stop both first: each restarted server is measured alone on the machine, and
             # ours writes its pending prefixes to the cache directory as it stops.
@@ -284,6 +329,30 @@ async def _run(options: BenchOptions, progress: ProgressSink, cache_dir: Path) -
                     engine_options=options.engine_options(),
                 )
                 warnings += loop_warnings
+        settings = replay_settings(config.replay_kv_bits, config.replay_speculate)
+        if options.replay is not None and settings:
+            if options.url:
+                warnings.append(
+                    "replay settings left out: they start servers of their own, not the "
+                    "server at --url"
+                )
+            else:
+                for target in targets:  # each setting's server runs alone
+                    await target.aclose()
+                targets = []
+                if local:
+                    local.stop()
+                    local = None
+                if peer:
+                    peer.stop()
+                servers["replay"]["settings"] = await measure_settings(
+                    options.model_dir,
+                    replay_turns(options.replay, max_tokens=config.turn_max_tokens),
+                    settings,
+                    max_tokens=config.turn_max_tokens,
+                    progress=progress,
+                    engine_options=options.engine_options(),
+                )
     finally:
         for target in targets:
             await target.aclose()

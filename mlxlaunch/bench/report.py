@@ -154,6 +154,7 @@ def build_report(
             "tool_loop": servers.get("tool_loop", {}),
             "haiku_tier": servers.get("haiku_tier", {}),
             "codex_session": servers.get("codex_session", {}),
+            "replay": servers.get("replay", {}),
             "concurrency": servers["concurrency"],
             "decode": {"runs": servers["decode"], "ceiling": limits["decode_ceiling"]},
             "prefill_floor": limits["prefill_floor"],

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from mlxlaunch.bench.clients import StreamTiming, Target
 from mlxlaunch.bench.config import BenchConfig
@@ -22,6 +22,16 @@ from mlxlaunch.bench.stats import decode_rate, intervals, summarize, throughput
 from mlxlaunch.bench.workloads import Conversation, short_chat
 
 T = TypeVar("T")
+
+
+class Named(Protocol):
+    """Anything measured in turn with others: it has a name."""
+
+    @property
+    def name(self) -> str: ...
+
+
+N = TypeVar("N", bound=Named)
 
 
 def limit_steps(config: BenchConfig) -> int:
@@ -70,14 +80,14 @@ def measure_limits(
     }
 
 
-def order_of(targets: Sequence[Target], step: int) -> list[Target]:
+def order_of(targets: Sequence[N], step: int) -> list[N]:
     """The order targets run in at `step`: rotated by one each step (two targets alternate)."""
     shift = step % len(targets) if targets else 0
     return [*targets[shift:], *targets[:shift]]
 
 
 async def alternate(
-    targets: Sequence[Target], step: int, run: Callable[[Target], Awaitable[T]]
+    targets: Sequence[N], step: int, run: Callable[[N], Awaitable[T]]
 ) -> dict[str, T]:
     """Run `run` on every target, one after another, in an order that changes every step."""
     results: dict[str, T] = {}
@@ -97,7 +107,8 @@ async def measure_streams(
     return {"wall_s": wall, "streams": [t.as_dict() for t in timings]}
 
 
-def _timed(timing: StreamTiming) -> dict[str, Any]:
+def timed_figures(timing: StreamTiming) -> dict[str, Any]:
+    """A timed request's raw figures with its rates: overall, decode, gaps between tokens."""
     data = timing.as_dict()
     data["tokens_per_s"] = throughput(timing.output_tokens, timing.total_s)
     data["decode_tokens_per_s"] = decode_rate(timing.token_times, timing.output_tokens or 0)
@@ -125,7 +136,7 @@ async def measure_servers(
 
     def one(conversation: Any, max_tokens: int) -> Callable[[Target], Awaitable[dict[str, Any]]]:
         async def run(target: Target) -> dict[str, Any]:
-            return _timed(await target.measure(conversation, max_tokens))
+            return timed_figures(await target.measure(conversation, max_tokens))
 
         return run
 

@@ -281,6 +281,95 @@ def _haiku_tier_rows(servers: dict[str, Any]) -> list[SummaryRow]:
     return rows
 
 
+def _miss_note(miss: dict[str, Any] | None) -> str:
+    """Where and how a replayed turn left the nearest earlier prompt (our server's account)."""
+    if not miss:
+        return ""
+    return (
+        f", missed at token {_k(miss['position'])} of {_k(miss['request_tokens'])} "
+        f"(nearest earlier prompt: {_k(miss['nearest_tokens'])})"
+    )
+
+
+def _calls_note(figures: dict[str, Any]) -> str:
+    calls = figures.get("calls") or []
+    if not calls:
+        return ""
+    bad = [c["problem"] for c in calls if c.get("problem")]
+    return f", {len(calls) - len(bad)}/{len(calls)} calls valid" + (f" ({bad[0]})" if bad else "")
+
+
+def replay_rows(servers: dict[str, Any]) -> list[SummaryRow]:
+    """The replayed session per turn: TTFT with its prompt, cached tokens, where it missed
+    the cache and why, and its calls' validity; then the p50 of the turns, the share of all
+    prompt tokens reused, the share of valid calls, and decode speed."""
+    replay = servers.get("replay")
+    if not replay or not replay.get("turns"):
+        return []
+    names: list[str] = replay["targets"]
+    turns = replay["turns"]
+    label = f"replay ({replay.get('agent', '?')} {replay.get('version') or ''})".replace(" )", ")")
+    rows = []
+    for turn in turns:
+        results = turn["results"]
+        turn_notes = {
+            n: _cache_note(r) + _miss_note(r.get("miss")) + _calls_note(r)
+            for n, r in results.items()
+        }
+        rows.append(
+            SummaryRow(
+                label, f"turn {turn['turn']} TTFT", "s", False,
+                {n: results.get(n, {}).get("ttft_s") for n in names}, notes=turn_notes,
+            )
+        )  # fmt: skip
+
+    def every(name: str) -> list[dict[str, Any]]:
+        return [t["results"][name] for t in turns if name in t["results"]]
+
+    reused: dict[str, float | None] = {}
+    valid: dict[str, float | None] = {}
+    notes: dict[str, str] = {}
+    for name in names:
+        sent = every(name)
+        prompt = sum(t.get("prompt_tokens") or 0 for t in sent)
+        known = all(t.get("cached_tokens") is not None for t in sent)
+        cached = sum(t.get("cached_tokens") or 0 for t in sent)
+        reused[name] = cached / prompt if prompt and known else None
+        calls = [c for t in sent for c in t.get("calls") or []]
+        valid[name] = sum(1 for c in calls if not c.get("problem")) / len(calls) if calls else None
+        notes[name] = f"{len(calls)} calls" if calls else "no calls made"
+    rows += [
+        SummaryRow(
+            label, "TTFT p50", "s", False,
+            {n: _p((t.get("ttft_s") for t in every(n)), 50) for n in names},
+        ),
+        SummaryRow(label, "prompt tokens reused", "%", True, reused,
+                   notes={n: _reuse_note(every(n)) for n in names}),
+        SummaryRow(label, "tool calls valid", "%", True, valid, notes=notes),
+        SummaryRow(
+            label, "decode p50", "tok/s", True,
+            {n: _p((t.get("decode_tokens_per_s") for t in every(n)), 50) for n in names},
+        ),
+    ]  # fmt: skip
+    for setting in replay.get("settings", []):
+        [name] = setting["targets"]
+        sent = [t["results"][name] for t in setting["turns"]]
+        prompt = sum(t.get("prompt_tokens") or 0 for t in sent)
+        cached = sum(t.get("cached_tokens") or 0 for t in sent)
+        rows.append(
+            SummaryRow(
+                label, f"TTFT p50, {setting['setting']}", "s", False,
+                {name: _p((t.get("ttft_s") for t in sent), 50)},
+                notes={name: _reuse_note(sent)},
+            )
+        )  # fmt: skip
+        rows.append(
+            SummaryRow(label, f"prompt tokens reused, {setting['setting']}", "%", True,
+                       {name: cached / prompt if prompt else None})
+        )  # fmt: skip
+    return rows
+
+
 def _tool_loop_rows(servers: dict[str, Any]) -> list[SummaryRow]:
     """A row per kind of turn of the tool loop (the new prompts are what it is for)."""
     loop = servers.get("tool_loop")
@@ -476,7 +565,7 @@ WORKLOADS = ("agent-session", "new-session", "restart", "concurrency", "decode",
 # Workloads on a model of their own, not the one being benchmarked (left out with `--url`).
 OWN_MODEL_WORKLOADS = ("tool-loop",)
 # Other agents' sessions on the same model and servers, over their own APIs.
-OTHER_CLIENT_WORKLOADS = ("codex-session",)
+OTHER_CLIENT_WORKLOADS = ("codex-session", "replay")
 # Our server with a small model beside the main one (`mlx bench --small-model`).
 TWO_MODEL_WORKLOADS = (HAIKU_TIER,)
 # The order of the table: the sessions first (Codex's beside Claude Code's), then the rest.
@@ -502,6 +591,7 @@ def summary_rows(servers: dict[str, Any], limits: dict[str, Any]) -> list[Summar
         + _agent_reuse_row(servers)
         + codex_session_rows(servers)
         + _haiku_tier_rows(servers)
+        + replay_rows(servers)
         + _tool_loop_rows(servers)
         + _restart_rows(servers, limits)
         + _decode_rows(servers, limits)

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
     from mlxlaunch.bench.config import BenchConfig
     from mlxlaunch.cluster.hosts import Cluster
+    from mlxlaunch.launch.transcripts import Transcript
 
 
 class ProgressBars:
@@ -52,6 +53,27 @@ def _levels(text: str) -> tuple[int, ...]:
     if not levels or min(levels) < 1:
         raise ConfigError("--concurrency levels must be positive")
     return levels
+
+
+def _kv_bits(text: str) -> tuple[int, ...]:
+    from mlxlaunch.engine.settings import KV_BITS
+
+    words = [w.strip() for w in text.split(",") if w.strip()]
+    if not words or any(w not in {str(b) for b in KV_BITS} for w in words):
+        allowed = " or ".join(map(str, KV_BITS))
+        raise ConfigError(f"--replay-kv-bits takes {allowed}, comma-separated, not {text!r}")
+    return tuple(int(w) for w in words)
+
+
+def _modes(text: str) -> tuple[str, ...]:
+    from mlxlaunch.engine.config import SPECULATE_MODES
+
+    modes = [m for m in SPECULATE_MODES if m != "draft"]  # the bench names no draft model
+    words = [w.strip() for w in text.split(",") if w.strip()]
+    if not words or any(w not in modes for w in words):
+        allowed = ", ".join(modes)
+        raise ConfigError(f"--replay-speculate takes {allowed}, comma-separated, not {text!r}")
+    return tuple(words)
 
 
 def bench(
@@ -134,6 +156,50 @@ def bench(
         int | None,
         typer.Option(min=1, help="Our server's batch width (default: the engine's)."),
     ] = None,
+    replay: Annotated[
+        Path | None,
+        typer.Option(
+            "--replay",
+            help="Replay your own recorded session on both servers, request by request: a "
+            "Claude Code transcript (~/.claude/projects/<project>/<session>.jsonl) or a Codex "
+            "rollout (~/.codex/sessions/<date>/rollout-*.jsonl).",
+            show_default=False,
+        ),
+    ] = None,
+    replay_kv_bits: Annotated[
+        str | None,
+        typer.Option(
+            "--replay-kv-bits",
+            help="With --replay: replay again on our server with each --kv-bits, e.g. 8,4.",
+            show_default=False,
+        ),
+    ] = None,
+    replay_speculate: Annotated[
+        str | None,
+        typer.Option(
+            "--replay-speculate",
+            help="With --replay: replay again on our server with each --speculate mode, "
+            "e.g. off,lookup.",
+            show_default=False,
+        ),
+    ] = None,
+    redact: Annotated[
+        bool,
+        typer.Option(
+            "--redact",
+            help="With --replay: replace every text of the session with filler of the same "
+            "token count, and replay that (shareable); see --redact-out.",
+        ),
+    ] = False,
+    redact_out: Annotated[
+        Path | None,
+        typer.Option(
+            "--redact-out",
+            help="Where --redact writes the redacted session, in the agent's own format "
+            "(default: beside the report, <name>.redacted.jsonl).",
+            show_default=False,
+        ),
+    ] = None,
     out: Annotated[
         Path | None,
         typer.Option(
@@ -205,10 +271,20 @@ def bench(
 
       mlx bench --quick --model tiny-moe --hosts 127.0.0.1,127.0.0.1
 
+      mlx bench --quick --model tiny --replay ~/.claude/projects/-app/ID.jsonl
+
     With --hosts (or --hostfile) the workloads run once per rank count instead, each alone:
     `mlx serve` as one process, then `mlx serve --hosts` on the first k hosts; the table shows
     every rank count and its ratio to the first. mlx-lm's server, the tool loop and
     speculative decoding are left out.
+
+    With --replay, one of your own sessions follows on the same servers: each request its
+    agent sent (not the model's new answers), with time to first token, prompt tokens reused
+    and where a turn missed our prefix cache and why, the answer's tool-call validity, and
+    decode speed per turn. --redact replaces its text with filler of the same token count
+    first, so the replay (and --redact-out's file) can be shared.
+    --replay-kv-bits and --replay-speculate replay it again on a server of ours with each
+    setting, alone on the machine, to pick them.
     """
     from mlxlaunch.cluster.hosts import cluster_from_options
 
@@ -219,6 +295,12 @@ def bench(
         raise ConfigError("--ranks needs --hosts or --hostfile")
     if cluster is not None and small_model:
         raise ConfigError("--small-model is measured on one machine; --hosts serves one model")
+    if cluster is not None and replay is not None:
+        raise ConfigError("--replay measures one server beside mlx_lm.server, not --hosts")
+    if replay is None and (redact or redact_out is not None):
+        raise ConfigError("--redact and --redact-out need --replay PATH")
+    if replay is None and (replay_kv_bits or replay_speculate):
+        raise ConfigError("--replay-kv-bits and --replay-speculate need --replay PATH")
     from mlxlaunch.bench.config import BenchConfig
     from mlxlaunch.bench.report import caveats, markdown_table, render_table
 
@@ -238,6 +320,8 @@ def bench(
         restart=restart,
         tool_loop=tool_loop,
         codex_session=codex_session,
+        replay_kv_bits=_kv_bits(replay_kv_bits) if replay_kv_bits else None,
+        replay_speculate=_modes(replay_speculate) if replay_speculate else None,
     )
     console = stdout_console()  # logs and CI: the table is not wrapped at 80 columns
     import asyncio
@@ -250,6 +334,10 @@ def bench(
     if cluster is not None:
         _bench_cluster(cluster, ranks, str(model_dir), model, config, max_concurrency, out, console)
         return
+    recorded = None
+    if replay is not None:
+        recorded = _recorded_session(replay, redact or redact_out is not None, redact_out,
+                                     str(model_dir), out, console)  # fmt: skip
     options = BenchOptions(
         str(model_dir),
         model,
@@ -260,6 +348,7 @@ def bench(
         max_concurrency=max_concurrency,
         small_model_dir=str(resolve_name(small_model)) if small_model else None,
         small_model_name=small_model,
+        replay=recorded,
     )
     with _progress(console) as progress:
         outcome = asyncio.run(run_benchmark(options, ProgressBars(progress)))
@@ -273,6 +362,36 @@ def bench(
     if outcome.speculative:
         table += "\n" + _print_speculative(outcome, config.speculative_rounds, console)
     _write(out, report, table, outcome, model, console)
+
+
+def _recorded_session(
+    path: Path, redact: bool, redact_out: Path | None, model_dir: str, out: Path, console: Console
+) -> Transcript:
+    """The session --replay names, redacted first when asked (then the redacted copy is what
+    replays); says what the transcript does not record and where that was taken from."""
+    from mlxlaunch.launch.transcripts import read_transcript
+
+    transcript = read_transcript(path)
+    if redact:
+        from mlxlaunch.bench.replay import model_token_count, write_redacted
+
+        target = redact_out if redact_out is not None else out / f"{path.stem}.redacted.jsonl"
+        transcript, inexact = write_redacted(transcript, model_token_count(model_dir), target)
+        console.print(f"redacted session: {target}", highlight=False)
+        if inexact:
+            console.print(
+                f"[yellow]note:[/] {inexact} texts got filler a few tokens shorter than they were "
+                "(no filler of exactly their count)",
+                highlight=False,
+            )
+    console.print(
+        f"replaying {len(transcript.turns)} turns of {transcript.agent} session "
+        f"{transcript.session_id} (recorded by version {transcript.version or 'unknown'}); "
+        f"not in the transcript, taken from {transcript.template}'s captured request: "
+        f"{', '.join(transcript.filled)}",
+        highlight=False,
+    )
+    return transcript
 
 
 def _print_speculative(outcome: Any, rounds: int, console: Console) -> str:

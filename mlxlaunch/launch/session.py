@@ -41,8 +41,10 @@ from mlxlaunch.launch.models import (
     pullable,
 )
 from mlxlaunch.launch.options import LaunchOptions
+from mlxlaunch.launch.resume import ResumeWarmth, warm_resumed_session
 from mlxlaunch.launch.served import Served, served
 from mlxlaunch.launch.server_log import logging_to, new_log_path, terminal_to_child
+from mlxlaunch.launch.transcripts import TranscriptError
 from mlxlaunch.runstate import pid_alive
 from mlxlaunch.server.app import ServerSettings
 from mlxlaunch.server.search_backends import configured_backend
@@ -113,6 +115,7 @@ def launch_agent(
         )
         serves.append(now)
         _announce(console, now, log_file, options, agent)
+        _warm_resume(console, agent, options, environ, now.url, token)
         # The settings the state file holds, so --print-env elsewhere says the same.
         target = AgentTarget(now.url, token, now.client, cwd=Path.cwd())
         with agent_launch_dir(agent) as launch_dir:
@@ -126,6 +129,34 @@ def launch_agent(
             if signal.SIGTERM in ended_by:
                 say_stopped(console, agent, code)
             return code
+
+
+def _warm_resume(
+    console: Console,
+    agent: Integration,
+    options: LaunchOptions,
+    environ: Mapping[str, str],
+    url: str,
+    token: str,
+) -> ResumeWarmth | None:
+    """Prefill the session the agent's arguments resume, if this machine has its
+    transcript, while the agent starts (launch/resume.py); say so, or why not."""
+    try:
+        warmth = warm_resumed_session(
+            agent.name, options.agent_args, cwd=Path.cwd(), environ=environ, url=url, token=token
+        )
+    except TranscriptError as exc:
+        console.print(f"[yellow]note:[/] not warming the resumed session: {exc.message}",
+                      highlight=False)  # fmt: skip
+        return None
+    if warmth is not None:
+        transcript = warmth.transcript
+        console.print(
+            f"[dim]resuming {transcript.session_id}: prefilling its {len(transcript.turns)} "
+            f"turns while {agent.title} starts[/]",
+            highlight=False,
+        )
+    return warmth
 
 
 def _say_lost(console: Console, serves: list[Served], log_file: Path) -> None:
