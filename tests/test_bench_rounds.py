@@ -16,8 +16,9 @@ from mlxlaunch.bench.clients import StreamTiming
 from mlxlaunch.bench.config import BenchConfig
 from mlxlaunch.bench.plan import build_plan
 from mlxlaunch.bench.report import caveats, markdown_table, ratio_cell, render_table
+from mlxlaunch.bench.rows import SLOW_ROUND_RATIO, SummaryRow
 from mlxlaunch.bench.runner import measure_servers, order_of, server_steps
-from mlxlaunch.bench.summary import SLOW_ROUND_RATIO, SummaryRow, summary_rows
+from mlxlaunch.bench.summary import summary_rows
 from mlxlaunch.bench.workloads import Conversation
 
 OURS, PEER = "mlxlaunch", "mlx_lm.server"

@@ -130,14 +130,14 @@ def test_domain_lists(policy: WebSearchPolicy, url: str, admitted: bool) -> None
     assert policy.admits(url) is admitted
 
 
-def _responses(backend: bool, **body: Any) -> tuple[dict[str, WebSearchPolicy], Any]:
+def _responses(**body: Any) -> tuple[dict[str, WebSearchPolicy], Any]:
     from mlxlaunch.protocol.openai_responses import ResponsesRequest
     from mlxlaunch.server.images import TEXT_ONLY
     from mlxlaunch.server.responses_mapping import search_policies
     from mlxlaunch.server.responses_mapping import to_generation_request as responses_request
 
     request = ResponsesRequest.model_validate({"model": "m", "input": "hi", **body})
-    policies = search_policies(request, backend=backend)
+    policies = search_policies(request)
     gen, _ = responses_request(
         request, request.items, request_id="resp_1", images=TEXT_ONLY, thinks=False,
         context_window=None, searches=frozenset(policies),
@@ -145,19 +145,18 @@ def _responses(backend: bool, **body: Any) -> tuple[dict[str, WebSearchPolicy], 
     return policies, gen
 
 
-def test_codex_web_search_is_offered_only_with_a_backend_or_when_forced() -> None:
+def test_codex_web_search_is_offered_with_or_without_a_backend() -> None:
+    """Without a backend too: a call is then answered with how to configure one."""
     tools = [{"type": "web_search", "filters": {"allowed_domains": ["python.org"]}}]
-    policies, gen = _responses(False, tools=tools)
-    assert policies == {} and gen.tools == []  # Codex sends it always: no backend, no offer
-    policies, gen = _responses(True, tools=tools)
+    policies, gen = _responses(tools=tools)
     assert policies == {
         "web_search": WebSearchPolicy("web_search", allowed_domains=("python.org",))
     }
     assert [tool.name for tool in gen.tools] == ["web_search"] and gen.tool_choice.mode == "auto"
-    policies, gen = _responses(False, tools=tools, tool_choice={"type": "web_search_preview"})
+    policies, gen = _responses(tools=tools, tool_choice={"type": "web_search_preview"})
     assert [tool.name for tool in gen.tools] == ["web_search"]
     assert (gen.tool_choice.mode, gen.tool_choice.name) == ("tool", "web_search")
     # A client function of that name wins: the hosted tool is not offered under it.
     function = {"type": "function", "name": "web_search", "parameters": {"type": "object"}}
-    policies, gen = _responses(True, tools=[*tools, function])
+    policies, gen = _responses(tools=[*tools, function])
     assert policies == {} and [tool.name for tool in gen.tools] == ["web_search"]

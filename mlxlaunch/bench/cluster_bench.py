@@ -35,13 +35,14 @@ from mlxlaunch.bench.progress import ProgressSink, SilentProgress
 from mlxlaunch.bench.ranks import RankRun, overhead_note, rank_runs, sub_cluster
 from mlxlaunch.bench.report import build_report
 from mlxlaunch.bench.restart import ServeProcess, measure_restart
+from mlxlaunch.bench.rows import SummaryRow
 from mlxlaunch.bench.runner import (
     limit_steps,
     measure_limits,
     measure_servers,
     server_steps,
 )
-from mlxlaunch.bench.summary import SummaryRow, summary_rows
+from mlxlaunch.bench.summary import summary_rows
 from mlxlaunch.cluster.hosts import Cluster
 from mlxlaunch.engine.config import default_prefill_chunk
 from mlxlaunch.errors import ConfigError

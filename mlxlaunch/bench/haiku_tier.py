@@ -30,9 +30,10 @@ from typing import Any
 from mlxlaunch.bench.clients import AnthropicTarget, Target
 from mlxlaunch.bench.config import BenchConfig
 from mlxlaunch.bench.ours import OURS_NAME, LocalServer, start_local_server
-from mlxlaunch.bench.peer import PeerServer, ready_target
+from mlxlaunch.bench.peer import PEER_NAME, PeerServer, ready_target
 from mlxlaunch.bench.progress import ProgressSink
 from mlxlaunch.bench.prompt import AgentPrompt
+from mlxlaunch.bench.rows import SummaryRow, median_of
 from mlxlaunch.bench.runner import alternate
 from mlxlaunch.bench.workloads import Conversation, agent_session, short_chat
 from mlxlaunch.engine.types import ChatMessage
@@ -265,3 +266,35 @@ def _served_by(local: LocalServer) -> dict[str, int]:
     side requests went."""
     stats = local.engine.stats()
     return {m.role: m.counters.requests_completed for m in stats.models or (stats,)}
+
+
+# --- its rows in the report ---------------------------------------------------------------
+
+
+def haiku_tier_rows(servers: dict[str, Any]) -> list[SummaryRow]:
+    """The haiku tier's rows: ours with the small model beside the peer, ours on one model in
+    each row's note (none when the workload did not run)."""
+    tier = servers.get("haiku_tier")
+    if not tier or not tier.get("rounds"):
+        return []
+    names: list[str] = tier["targets"]
+    small = with_small_model(tier["small_model"])
+    metrics: tuple[tuple[str, Callable[[dict[str, Any]], list[Any]]], ...] = (
+        ("main TTFT alone p50", lambda r: [r["main_alone"].get("ttft_s")]),
+        (
+            f"main TTFT, {tier['side_streams']} side streams p50",
+            lambda r: [r["main_beside"].get("ttft_s")],
+        ),
+        ("side request alone p50", lambda r: [r["side_alone"].get("total_s")]),
+        ("side request beside main p50", lambda r: [s.get("total_s") for s in r["side_beside"]]),
+    )
+    rows = []
+    for metric, pick in metrics:
+        values = {n: median_of(x for r in tier["rounds"] for x in pick(r["results"][n]))
+                  for n in names}  # fmt: skip
+        shown = {OURS_NAME: values.get(small)} | {n: values[n] for n in names if n == PEER_NAME}
+        note = f"--small-model {tier['small_model']}"
+        if values.get(ONE_MODEL) is not None:
+            note += f"; one model: {values[ONE_MODEL]:.2f} s"
+        rows.append(SummaryRow(WORKLOAD, metric, "s", False, shown, notes={OURS_NAME: note}))
+    return rows

@@ -36,6 +36,7 @@ from mlxlaunch.bench.replay import (
 )
 from mlxlaunch.bench.report import build_report
 from mlxlaunch.bench.restart import restart_both
+from mlxlaunch.bench.rows import SummaryRow
 from mlxlaunch.bench.runner import (
     limit_steps,
     measure_limits,
@@ -48,7 +49,7 @@ from mlxlaunch.bench.speculative import (
     start_draft_peers,
 )
 from mlxlaunch.bench.speculative_report import SpecRow, speculative_rows
-from mlxlaunch.bench.summary import SummaryRow, summary_rows
+from mlxlaunch.bench.summary import summary_rows
 from mlxlaunch.bench.tool_loop import run_tool_loop, tool_loop_size
 from mlxlaunch.engine.config import default_prefill_chunk
 from mlxlaunch.launch.transcripts import Transcript

@@ -12,7 +12,7 @@ from typing import Any
 from rich.table import Table
 
 from mlxlaunch.bench.report import markdown_heading, markdown_rows, summary_cells
-from mlxlaunch.bench.summary import SummaryRow
+from mlxlaunch.bench.rows import SummaryRow
 
 
 def ratio_column(name: str, base: str) -> str:

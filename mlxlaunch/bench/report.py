@@ -10,8 +10,9 @@ from typing import Any
 
 from rich.table import Table
 
+from mlxlaunch.bench.rows import SLOW_ROUND_RATIO, SummaryRow
 from mlxlaunch.bench.stats import spread
-from mlxlaunch.bench.summary import SLOW_ROUND_RATIO, SummaryRow, format_rate
+from mlxlaunch.bench.summary import format_rate
 
 SCHEMA = "mlxlaunch.bench/1"
 

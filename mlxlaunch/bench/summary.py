@@ -3,87 +3,14 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
-from mlxlaunch.bench.haiku_tier import ONE_MODEL, with_small_model
 from mlxlaunch.bench.haiku_tier import WORKLOAD as HAIKU_TIER
-from mlxlaunch.bench.ours import OURS_NAME
-from mlxlaunch.bench.peer import PEER_NAME
-from mlxlaunch.bench.stats import intervals, percentile, speedup, spread, summarize, throughput
+from mlxlaunch.bench.haiku_tier import haiku_tier_rows
+from mlxlaunch.bench.rows import SummaryRow
+from mlxlaunch.bench.rows import percentile_of as _p
+from mlxlaunch.bench.stats import intervals, percentile, spread, summarize, throughput
 from mlxlaunch.bench.workloads import TURN_KINDS
-
-# A round where ours did worse than this times the peer is marked in the report: well outside
-# the noise of this machine's rounds (0.7–1.3×), where a stall shows.
-SLOW_ROUND_RATIO = 0.8
-
-
-@dataclass
-class SummaryRow:
-    """One metric of one workload: a figure per server and the in-process limit, if any."""
-
-    workload: str
-    metric: str
-    unit: str  # "s", "ms", "tok/s" or "%" (a share, 0–1)
-    higher_is_better: bool
-    values: dict[str, float | None]
-    limit: float | None = None
-    notes: dict[str, str] = field(default_factory=dict)
-    # False where a ratio would mislead: inter-token gaps of a server that sends tokens in
-    # bursts are ~0, which says nothing about its speed.
-    compare: bool = True
-    # A workload run in rounds: each server's figure per round. `values` then holds their
-    # medians, and the ratio is the median of the per-round ratios.
-    rounds: dict[str, list[float | None]] = field(default_factory=dict)
-
-    def speedup(self, ours: str, peer: str) -> float | None:
-        """How many times better `ours` is than `peer` on this row (>1: ours is better)."""
-        if not self.compare:
-            return None
-        if self.rounds:
-            return spread(self.round_speedups(ours, peer)).get("median")
-        return speedup(
-            self.values.get(ours), self.values.get(peer), higher_is_better=self.higher_is_better
-        )
-
-    def round_speedups(self, ours: str, peer: str) -> list[float | None]:
-        """The ratio of each round (empty for a row without rounds)."""
-        pairs = zip(self.rounds.get(ours, []), self.rounds.get(peer, []), strict=False)
-        return [speedup(a, b, higher_is_better=self.higher_is_better) for a, b in pairs]
-
-    def slow_rounds(self, ours: str, peer: str) -> list[tuple[int, float]]:
-        """(round number, ratio) of each round below SLOW_ROUND_RATIO."""
-        ratios = enumerate(self.round_speedups(ours, peer), start=1)
-        return [(n, r) for n, r in ratios if r is not None and r < SLOW_ROUND_RATIO]
-
-    def as_dict(self, ours: str, peer: str) -> dict[str, Any]:
-        """For the JSON report (the fields of a row with rounds come on top of the others)."""
-        data = {
-            "workload": self.workload,
-            "metric": self.metric,
-            "unit": self.unit,
-            "higher_is_better": self.higher_is_better,
-            "values": self.values,
-            "limit": self.limit,
-            "speedup": self.speedup(ours, peer),
-            "notes": self.notes,
-        }
-        if self.rounds:
-            ratios = self.round_speedups(ours, peer)
-            data |= {
-                "rounds": self.rounds,
-                "spread": {name: spread(figures) for name, figures in self.rounds.items()},
-                "round_speedups": ratios,
-                "round_speedup_spread": spread(ratios),
-                "slow_rounds": [n for n, _ in self.slow_rounds(ours, peer)],
-            }
-        return data
-
-
-def _p(values: Iterable[float | None], p: float) -> float | None:
-    present = [v for v in values if v is not None]
-    return percentile(present, p) if present else None
 
 
 def _cache_note(timing: dict[str, Any]) -> str:
@@ -249,35 +176,6 @@ def codex_session_rows(servers: dict[str, Any]) -> list[SummaryRow]:
         rows.append(
             SummaryRow("codex-session", REUSE_METRIC, "%", True, reuse, notes=notes)
         )  # fmt: skip
-    return rows
-
-
-def _haiku_tier_rows(servers: dict[str, Any]) -> list[SummaryRow]:
-    """The haiku tier's rows: ours with the small model beside the peer, ours on one model in
-    each row's note (none when the workload did not run)."""
-    tier = servers.get("haiku_tier")
-    if not tier or not tier.get("rounds"):
-        return []
-    names: list[str] = tier["targets"]
-    small = with_small_model(tier["small_model"])
-    metrics: tuple[tuple[str, Callable[[dict[str, Any]], list[Any]]], ...] = (
-        ("main TTFT alone p50", lambda r: [r["main_alone"].get("ttft_s")]),
-        (
-            f"main TTFT, {tier['side_streams']} side streams p50",
-            lambda r: [r["main_beside"].get("ttft_s")],
-        ),
-        ("side request alone p50", lambda r: [r["side_alone"].get("total_s")]),
-        ("side request beside main p50", lambda r: [s.get("total_s") for s in r["side_beside"]]),
-    )
-    rows = []
-    for metric, pick in metrics:
-        values = {n: _p((x for r in tier["rounds"] for x in pick(r["results"][n])), 50)
-                  for n in names}  # fmt: skip
-        shown = {OURS_NAME: values.get(small)} | {n: values[n] for n in names if n == PEER_NAME}
-        note = f"--small-model {tier['small_model']}"
-        if values.get(ONE_MODEL) is not None:
-            note += f"; one model: {values[ONE_MODEL]:.2f} s"
-        rows.append(SummaryRow(HAIKU_TIER, metric, "s", False, shown, notes={OURS_NAME: note}))
     return rows
 
 
@@ -590,7 +488,7 @@ def summary_rows(servers: dict[str, Any], limits: dict[str, Any]) -> list[Summar
         _session_rows(servers, limits)
         + _agent_reuse_row(servers)
         + codex_session_rows(servers)
-        + _haiku_tier_rows(servers)
+        + haiku_tier_rows(servers)
         + replay_rows(servers)
         + _tool_loop_rows(servers)
         + _restart_rows(servers, limits)

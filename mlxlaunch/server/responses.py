@@ -97,7 +97,7 @@ class ResponsesApi:
         items = [*history, *body.items]
         response_id = new_response_id()
         info = self.engine.model_info_for(body.model)
-        policies = search_policies(body, backend=self.settings.search is not None)
+        policies = search_policies(body)
         gen, names = await asyncio.to_thread(
             partial(
                 to_generation_request,

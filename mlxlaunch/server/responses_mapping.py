@@ -228,16 +228,14 @@ def _forces_search(body: ResponsesRequest) -> bool:
     return isinstance(choice, ToolChoiceOther) and choice.type in WEB_SEARCH_TOOL_TYPES
 
 
-def search_policies(body: ResponsesRequest, *, backend: bool) -> dict[str, WebSearchPolicy]:
-    """The request's hosted web search tool, under the name the model calls it.
+def search_policies(body: ResponsesRequest) -> dict[str, WebSearchPolicy]:
+    """The request's hosted web search tool, under the name the model calls it (none when a
+    function tool of the client's already has the name).
 
-    Codex sends the tool with every request: it is offered only where a search `backend` is
-    configured, or where `tool_choice` forces it (then the answer says how to configure
-    one), so a model without search is never tempted into a call that cannot work. None
-    when a function tool of the client's already has the name.
+    It is offered whether or not a search backend is configured: without one, a call the
+    model makes is answered with the honest error that says how to configure one (a
+    `web_search_call` that failed, and that text), never dropped in silence.
     """
-    if not backend and not _forces_search(body):
-        return {}
     functions = {tool.name for tool in body.tools or [] if isinstance(tool, FunctionTool)}
     for tool in body.tools or []:
         if isinstance(tool, WebSearchTool) and WEB_SEARCH_TOOL not in functions:
