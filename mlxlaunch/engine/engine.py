@@ -38,6 +38,7 @@ from mlxlaunch.engine.prompt.render import RenderedPrompt
 
 # How mlx-lm would split a model over ranks (the cluster checks ask it through the face).
 from mlxlaunch.engine.runtime.shard_probe import probe_shards as probe_shards
+from mlxlaunch.engine.runtime.vision import render_with_images
 from mlxlaunch.engine.scheduling.conductor import Conductor
 from mlxlaunch.engine.scheduling.duplicates import (
     DuplicateRegistry,
@@ -60,6 +61,7 @@ from mlxlaunch.engine.types import (
     PromptTooLong,
     Timings,
     Usage,
+    images_in_order,
 )
 from mlxlaunch.errors import MlxLaunchError
 
@@ -360,8 +362,21 @@ class Engine:
             renderer = self._worker.renderer
         if renderer is None:
             raise EngineUnavailable("no model is loaded")
+        render = partial(renderer.render, request, limit, exact=exact)
+        if request.images:  # rendered, then each image token widened to its image's run
+            loaded = self._worker.loaded
+            vision = loaded.vision if loaded is not None else None
+            if vision is None:
+                raise InvalidRequest("this model does not accept images (it has no vision)")
+            try:
+                placed = [request.images[i] for i in images_in_order(request.messages)]
+            except IndexError:
+                raise InvalidRequest(
+                    "a message places an image the request does not hold"
+                ) from None
+            render = partial(render_with_images, render, vision, placed, limit, exact)
         try:
-            return await asyncio.to_thread(partial(renderer.render, request, limit, exact=exact))
+            return await asyncio.to_thread(render)
         except PromptTooLong:
             raise
         except Exception as exc:  # template errors are about the request's content

@@ -89,7 +89,8 @@ def to_generation_request(
     messages: list[ChatMessage] = []
     if system_text:
         messages.append(ChatMessage(role="system", content=system_text))
-    messages.extend(conversation(req.messages, ImageCheck(images)))
+    check = ImageCheck(images)
+    messages.extend(conversation(req.messages, check))
 
     tools = [
         ToolSpec(
@@ -133,6 +134,7 @@ def to_generation_request(
         request_id=request_id,
         kind=kind,
         model_alias=req.model,
+        images=check.images,
     )
 
 

@@ -163,7 +163,8 @@ def to_generation_request(
             for a model without vision, arguments that are not a JSON object.
     """
     tools, names = function_tools(body)
-    messages = conversation(items, names, ImageCheck(images))
+    check = ImageCheck(images)
+    messages = conversation(items, names, check)
     if body.instructions:
         if messages and messages[0].role == "system":
             messages[0].content = PART_SEPARATOR.join((body.instructions, messages[0].content))
@@ -189,6 +190,7 @@ def to_generation_request(
             kind=request_kind(messages, tools),
             model_alias=body.model,
             cache_key=body.prompt_cache_key or "",
+            images=check.images,
         ),
         names,
     )
