@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import anthropic
 import mlx.core as mx
 import pytest
 from engine_helpers import serve

@@ -192,6 +192,10 @@ class Engine:
         """The one model this engine serves, listed under the server's id."""
         return [(None, self.model_info)]
 
+    async def loaded_model_info(self, model_id: str) -> ModelInfo:
+        """The facts of the model serving `model_id` (this engine's), loading it if need be."""
+        return await self._loaded_info()
+
     # --- requests -----------------------------------------------------------------------
 
     async def submit(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
