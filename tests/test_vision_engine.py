@@ -31,6 +31,7 @@ from mlxlaunch.engine.types import (
     image_slot,
 )
 from mlxlaunch.testing import ensure_test_model
+from mlxlaunch.testing.scripted import ScriptedOutput
 
 pytestmark = pytest.mark.slow  # builds and loads a model
 
@@ -229,6 +230,39 @@ def test_a_repeated_image_reuses_its_kv_and_a_changed_pixel_does_not(
     # Only what precedes the image is shared: the run differs from its first token on.
     assert other.usage.cached_tokens < 8
     assert again.usage.prompt_tokens == other.usage.prompt_tokens == prompt
+
+
+def test_the_next_turn_reuses_the_image_and_the_reply(vision_dir: Path) -> None:
+    # The reply's ids are kept for the next turn (the image's run narrowed back to the one
+    # token the template writes): the next turn reuses as much as a text conversation's does.
+    script = ScriptedOutput()
+
+    def two_turns(engine: Engine, first_request: GenerationRequest) -> tuple[Done, Done]:
+        async def go() -> tuple[Done, Done]:
+            script.enqueue("a striped picture")
+            first = await _run(engine, first_request)
+            follow = GenerationRequest(
+                messages=[
+                    *first_request.messages,
+                    ChatMessage("assistant", "a striped picture"),
+                    ChatMessage("user", "and then?"),
+                ],
+                images=first_request.images,
+                max_tokens=2,
+                request_id=first_request.request_id + "-next",
+            )
+            return first, await _run(engine, follow)
+
+        return asyncio.run(go())
+
+    unread: list[int] = []
+    with engine_maker(vision_dir, logits_hook=script) as make:
+        for request in (image_request("i", picture(), max_tokens=20), text_request("t", "hi")):
+            first, second = two_turns(make(), request)
+            assert first.stop_reason == "end_turn"
+            unread.append(first.usage.prompt_tokens + first.usage.output_tokens
+                          - second.usage.cached_tokens)  # fmt: skip
+    assert unread[0] == unread[1] and unread[0] <= 2
 
 
 def test_an_image_request_in_a_batch_of_four_writes_what_it_writes_alone(

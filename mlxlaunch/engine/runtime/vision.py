@@ -218,6 +218,19 @@ class VisionLanguageModel(nn.Module):
         out += tokens[last:]
         return out
 
+    def collapse(self, tokens: Sequence[int]) -> list[int]:
+        """`tokens` with each image's run narrowed back to the one image token the chat
+        template writes (what `expand` widened)."""
+        out: list[int] = []
+        previous = 0
+        for token in tokens:
+            if token < IMAGE_ID_BASE:
+                out.append(token)
+            elif previous < IMAGE_ID_BASE:  # a run's first id (templates part images)
+                out.append(self._image_token_id)
+            previous = token
+        return out
+
     # --- the forward pass --------------------------------------------------------------------
 
     def __call__(self, inputs: mx.array, cache: Any = None, **_: Any) -> mx.array:
@@ -335,6 +348,14 @@ def render_with_images(
     if limit is not None and not exact and len(tokens) >= limit:
         raise PromptTooLong(len(tokens), limit)
     return dataclasses.replace(rendered, tokens=tokens)  # type: ignore[type-var]
+
+
+def text_only(tokens: list[int]) -> list[int]:
+    """`tokens` up to the first image id (drafts copied from a prompt that holds images)."""
+    for i, token in enumerate(tokens):
+        if token >= IMAGE_ID_BASE:
+            return tokens[:i]
+    return tokens
 
 
 def set_row_shifts(model: Any, shifts: Sequence[int], *, prefill: bool) -> None:

@@ -33,7 +33,7 @@ import mlx.core as mx
 from mlxlaunch.engine.decoding.draft_model import DraftModel
 from mlxlaunch.engine.decoding.drafting import Acceptance, DraftWidth, PromptLookup
 from mlxlaunch.engine.runtime.row_cache import RowKVCache
-from mlxlaunch.engine.runtime.vision import set_row_shifts
+from mlxlaunch.engine.runtime.vision import set_row_shifts, text_only
 
 Sampler = Callable[[mx.array], mx.array]
 Processor = Callable[[mx.array, mx.array], mx.array]
@@ -316,6 +316,7 @@ class DecodeBatch:
             room = min(width.max_draft, row.remaining() - 1)
             drafter = row.drafter if row.may_draft else None
             proposal = drafter.propose(room) if drafter is not None and room > 0 else []
+            proposal = text_only(proposal)  # an image's ids are never written, so never drafted
             proposals.append(proposal)
         k = width.choose([len(p) for p in proposals], [row.acceptance for row in self.rows])
         drafts: list[list[int]] = []
