@@ -18,6 +18,7 @@ from engine_helpers import LogitsRecorder, engine_maker, recording_hook
 from mlx_lm.models.cache import KVCache
 from pictures import png_pixels
 
+from mlxlaunch.engine.cache.prefix import MIN_DISK_TOKENS
 from mlxlaunch.engine.engine import Engine
 from mlxlaunch.engine.prompt.render import PromptRenderer
 from mlxlaunch.engine.runtime.vision import VisionLanguageModel, load_vision, set_row_shifts
@@ -321,3 +322,35 @@ def test_time_to_first_token_cold_and_with_the_image_cached(
         print(f"\n1-image (224x224, 64 tokens) TTFT cold {cold * 1000:.1f} ms, cached "
               f"{cached * 1000:.1f} ms")  # fmt: skip
     assert cached < cold
+
+
+def test_a_restarted_engine_reads_an_images_kv_from_the_disk_tier(
+    vision_dir: Path, tmp_path: Path
+) -> None:
+    # The disk tier keys entries by token ids too: an image's run, derived from its bytes,
+    # finds its KV again after a restart (the image table is empty until the request comes).
+    # The prompt is longer than the disk tier's least (MIN_DISK_TOKENS).
+    text = " and tell me in many words what you see there, in detail, please." * 24
+
+    def turn(rid: str, more: str = "") -> GenerationRequest:
+        return image_request(rid, picture(), text + more, max_tokens=4)
+
+    recorders: list[LogitsRecorder] = []
+    with engine_maker(vision_dir, cache_dir=tmp_path, cache_block_tokens=16) as make:
+        engine = make()
+        asyncio.run(_run(engine, turn("a")))
+        assert asyncio.run(_run(engine, turn("b", " Now."))).usage.cached_tokens > 0
+    hook = recording_hook(recorders)
+    with engine_maker(vision_dir, cache_dir=tmp_path, cache_block_tokens=16) as make:
+        restarted = make(logits_hook=hook)
+
+        async def again() -> Done:
+            await restarted.load()
+            assert restarted.stats().cache.disk_loads >= 1
+            return await _run(restarted, turn("c", " Then."))
+
+        done = asyncio.run(again())
+        plain = make(logits_hook=hook, cache_dir=None, cache_memory_bytes=0)
+        asyncio.run(_run(plain, turn("d", " Then.")))
+    assert done.usage.cached_tokens > MIN_DISK_TOKENS
+    assert _generated(recorders[0]) == _generated(recorders[1])
