@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from engine_helpers import Served, serve
-from pictures import anthropic_block, data_url, png, png_pixels
+from pictures import READ, anthropic_block, data_url, png, png_pixels, read_picture_turns
 
 from mlxlaunch.server.images import IMAGE_PLACEHOLDER
 from mlxlaunch.testing import ensure_test_model
@@ -21,8 +21,6 @@ pytestmark = pytest.mark.slow  # serves a model
 pytest.importorskip("mlx_vlm")  # the `vision` extra
 
 PLACED = "<|vision_start|><|image_pad|><|vision_end|>"
-READ = {"name": "Read", "input_schema": {"type": "object"}}
-CALL = {"type": "tool_use", "id": "toolu_r", "name": "Read", "input": {"file_path": "a.png"}}
 
 
 def _picture(changed: bool = False) -> bytes:
@@ -63,16 +61,7 @@ def test_a_users_image_is_seen_and_counted_exactly(vision_model: Served) -> None
 
 
 def test_an_image_a_tool_returned_is_the_image_itself(vision_model: Served) -> None:
-    result = {
-        "type": "tool_result",
-        "tool_use_id": "toolu_r",
-        "content": [{"type": "text", "text": "a.png"}, anthropic_block(png(56, 56))],
-    }
-    messages = [
-        {"role": "user", "content": "read a.png"},
-        {"role": "assistant", "content": [CALL]},
-        {"role": "user", "content": [result]},
-    ]
+    messages = read_picture_turns(png(56, 56))
     vision_model.scripted.enqueue("a blue square")
     reply = vision_model.anthropic.messages.create(
         model="m", max_tokens=20, messages=messages, tools=[READ]
