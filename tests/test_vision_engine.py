@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,8 +30,12 @@ from mlxlaunch.engine.types import (
     ImageInput,
     InvalidRequest,
     Sampling,
+    ToolCallEvent,
+    ToolChoice,
+    ToolSpec,
     image_slot,
 )
+from mlxlaunch.errors import ModelLoadError
 from mlxlaunch.testing import ensure_test_model
 from mlxlaunch.testing.scripted import ScriptedOutput
 
@@ -354,3 +359,36 @@ def test_a_restarted_engine_reads_an_images_kv_from_the_disk_tier(
         asyncio.run(_run(plain, turn("d", " Then.")))
     assert done.usage.cached_tokens > MIN_DISK_TOKENS
     assert _generated(recorders[0]) == _generated(recorders[1])
+
+
+def test_a_vision_model_drafts_by_prompt_lookup_not_with_a_draft_model(
+    vision_dir: Path, tiny_model_dir: Path
+) -> None:
+    # A text draft model cannot see the images its drafts would continue from.
+    with engine_maker(vision_dir, draft_model=str(tiny_model_dir)) as make:
+        auto = make()
+        asyncio.run(auto.load())
+        assert auto._worker.speculation.lookup and auto._worker.speculation.draft is None
+        with pytest.raises(ModelLoadError, match="a draft model reads no images"):
+            asyncio.run(make(speculate="draft").load())
+
+
+def test_a_forced_tool_call_after_an_image_is_a_call(make: Callable[..., Engine]) -> None:
+    # The tool grammar reads the prompt's context too, image ids and all.
+    engine = make()
+    request = image_request("tool", picture(), "read what it says", max_tokens=200)
+    request.tools = [
+        ToolSpec(
+            "Read", "read a file", {"type": "object", "properties": {"path": {"type": "string"}}}
+        )
+    ]
+    request.tool_choice = ToolChoice("tool", name="Read", parallel=False)
+
+    async def go() -> list[Any]:
+        return [e async for e in engine.submit(request)]
+
+    events = asyncio.run(go())
+    calls = [e for e in events if isinstance(e, ToolCallEvent)]
+    # The random model may write a long path (then cut off): the call is there, as JSON.
+    assert [c.name for c in calls] == ["Read"]
+    assert isinstance(json.loads(calls[0].arguments), dict)
