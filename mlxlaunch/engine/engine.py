@@ -280,6 +280,7 @@ class Engine:
             decoding=decoding,
             submitted_at=self.config.clock(),
             drafter=drafter,
+            images=rendered.images,
         )
         try:
             self._worker.post(partial(self._worker.enqueue, job))

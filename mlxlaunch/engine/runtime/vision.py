@@ -23,6 +23,7 @@ import dataclasses
 import hashlib
 import io
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -40,7 +41,9 @@ IMAGE_ID_BASE = 1 << 30
 _ID_SPACE = 1 << 29  # where a run may start, so that base + start + tokens stays an int32
 Rendered = TypeVar("Rendered")
 VISION_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
-IMAGES_KEPT = 256  # images whose pixels (and features, once computed) stay known
+# Recent images kept beyond the requests that hold them (pixels, features once computed):
+# a 16k-token Qwen2.5-VL image's pixels take ~300 MB, so the bound is in bytes.
+IMAGES_KEPT_BYTES = 1 << 30
 
 
 def is_vision_config(config: dict[str, Any]) -> bool:
@@ -56,9 +59,14 @@ class PreparedImage:
     first_id: int
     rows: int  # merged patches (tokens) down and across
     columns: int
-    pixel_values: np.ndarray
+    pixel_values: np.ndarray | None  # dropped once the tower's features are computed
     grid_thw: tuple[int, int, int]
     features: mx.array | None = field(default=None, repr=False)  # the tower's, once run
+
+    @property
+    def nbytes(self) -> int:
+        pixels = self.pixel_values.nbytes if self.pixel_values is not None else 0
+        return pixels + (self.features.nbytes if self.features is not None else 0)
 
     @property
     def tokens(self) -> int:
@@ -80,12 +88,18 @@ def image_first_id(digest: bytes) -> int:
 
 
 class ImageTable:
-    """The images the engine knows, by the token ids of their runs (thread-safe)."""
+    """The images the engine knows, by the token ids of their runs (thread-safe).
 
-    def __init__(self, kept: int = IMAGES_KEPT) -> None:
-        self._images: OrderedDict[int, PreparedImage] = OrderedDict()
+    An image is known while a request holds it (its job keeps the `PreparedImage`), and the
+    most recent ones up to `kept_bytes` beyond that (a next turn that repeats them)."""
+
+    def __init__(self, kept_bytes: int = IMAGES_KEPT_BYTES) -> None:
+        self._images: weakref.WeakValueDictionary[int, PreparedImage] = (
+            weakref.WeakValueDictionary()
+        )
+        self._recent: OrderedDict[int, PreparedImage] = OrderedDict()
         self._starts: list[int] = []
-        self._kept = kept
+        self._kept_bytes = kept_bytes
         self._lock = threading.Lock()
 
     def add(self, image: PreparedImage) -> PreparedImage:
@@ -93,13 +107,17 @@ class ImageTable:
         with self._lock:
             known = self._images.get(image.first_id)
             if known is not None and known.digest == image.digest:
-                self._images.move_to_end(image.first_id)
-                return known
+                image = known
             self._images[image.first_id] = image
-            while len(self._images) > self._kept:
-                self._images.popitem(last=False)
-            self._starts = sorted(self._images)
+            self._recent[image.first_id] = image
+            self._recent.move_to_end(image.first_id)
+            while len(self._recent) > 1 and self._recent_bytes() > self._kept_bytes:
+                self._recent.popitem(last=False)
+            self._starts = sorted(self._images.keys())
             return image
+
+    def _recent_bytes(self) -> int:
+        return sum(image.nbytes for image in self._recent.values())
 
     def find(self, token: int) -> tuple[PreparedImage, int] | None:
         """The image whose run holds `token`, and the token's index in it."""
@@ -110,7 +128,9 @@ class ImageTable:
             at = int(np.searchsorted(starts, token, side="right")) - 1
             if at < 0:
                 return None
-            image = self._images[starts[at]]
+            image = self._images.get(starts[at])  # None: no request holds it any more
+        if image is None:
+            return None
         index = token - image.first_id
         return (image, index) if index < image.tokens else None
 
@@ -294,10 +314,12 @@ class VisionLanguageModel(nn.Module):
 
     def _features(self, image: PreparedImage) -> mx.array:
         if image.features is None:
+            assert image.pixel_values is not None
             tower = self.vlm.vision_tower
             pixels = mx.array(image.pixel_values).astype(tower.patch_embed.proj.weight.dtype)
-            image.features = tower(pixels, mx.array([image.grid_thw]), output_hidden_states=False)
-            mx.eval(image.features)
+            features = tower(pixels, mx.array([image.grid_thw]), output_hidden_states=False)
+            mx.eval(features)
+            image.features, image.pixel_values = features, None
         return image.features
 
 
@@ -347,7 +369,8 @@ def render_with_images(
         raise InvalidRequest(str(exc)) from exc
     if limit is not None and not exact and len(tokens) >= limit:
         raise PromptTooLong(len(tokens), limit)
-    return dataclasses.replace(rendered, tokens=tokens)  # type: ignore[type-var]
+    # The prompt holds its images while it lives (the table keeps only what is held).
+    return dataclasses.replace(rendered, tokens=tokens, images=tuple(prepared))  # type: ignore[type-var]
 
 
 def text_only(tokens: list[int]) -> list[int]:
