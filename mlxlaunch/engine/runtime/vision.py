@@ -1,20 +1,27 @@
 """Vision models through mlx-vlm: its model and processor, the language part driving the engine.
 
-An image becomes a run of token ids derived from its bytes (`image_ids`), so the prefix cache,
-which keys KV by token ids, tells images apart by content; the prefill embeds those ids with the
-vision tower's features (the one "embedding override"), everything else with the text embedding.
+An image becomes a run of token ids derived from its bytes (`image_first_id`), so the prefix
+cache and the disk tier, which key KV by token ids, tell images apart by content; the prefill
+embeds those ids with the vision tower's features, everything else with the text embedding.
 
 Design notes:
 - Qwen2-VL / Qwen2.5-VL place image tokens with 3-D rotary positions (time, height, width):
   mlx-vlm's `get_rope_index`. The run's positions start where its first token would stand, and
   the text after it continues at `start + max(rows, columns)`; each image thus shifts every
-  later position by `max(rows, columns) - tokens`. A row's shift is what this module keeps
-  per sequence (`RowPositions`): the batch sets it before each forward pass, so text requests
-  (shift 0) and image requests decode in one batch.
-- The vision tower runs once per image (its features are kept with the image), in the first
-  prefill chunk that holds any of the image's tokens.
+  later position by `max(rows, columns) - tokens`. The batch keeps each sequence's shift and
+  sets the rows' shifts (`RowPositions`) before every forward pass, so text requests (shift 0)
+  and image requests prefill and decode in one batch.
+- The vision tower runs once per image, in the first prefill chunk that holds any of its
+  tokens (a chunk may end inside the run: each id says its place in it). A request holds its
+  prepared images while it runs; the table keeps recent ones within a byte budget.
+- Every reach into mlx-vlm's model (`language_model.model.embed_tokens`, `vision_tower`, the
+  language model's `position_ids`) is here, checked against mlx-vlm's own forward pass by
+  tests/test_vision_engine.py.
 - Families: the Qwen VL ones (`qwen2_vl`, `qwen2_5_vl`); other mlx-vlm families are served
   text-only through mlx-lm for now.
+- Measured on tiny-vision (CPU): a 64-token image's first token 50-120 ms cold, 6 ms with
+  its KV cached. Qwen2.5-VL's processor: ~1,280 image tokens per megapixel (28-pixel merged
+  patches), at most 16,384 (its max_pixels, 12.8 MP).
 """
 
 from __future__ import annotations
@@ -258,19 +265,19 @@ class VisionLanguageModel(nn.Module):
         batch, length = inputs.shape
         offsets = _offsets(cache, batch)
         shifts = self._positions.take(batch)
+        # An image's ids as the image token (a drafted one is never accepted anyway).
+        text_ids = mx.where(inputs >= IMAGE_ID_BASE, self._image_token_id, inputs)
         if self._positions.prefill:
-            embeds, positions = self._prefill_inputs(inputs, offsets, shifts)
-        else:  # decoding: text only (a drafted image id is embedded as the image token)
-            ids = mx.where(inputs >= IMAGE_ID_BASE, self._image_token_id, inputs)
-            embeds = language.model.embed_tokens(ids)
+            embeds, positions = self._prefill_inputs(inputs, text_ids, offsets, shifts)
+        else:  # decoding: text only, and lazy (the inputs may be the last pass's samples)
+            embeds = language.model.embed_tokens(text_ids)
             flat = offsets[:, None] + mx.arange(length)[None, :] + mx.array(shifts)[:, None]
             positions = mx.broadcast_to(flat[None], (3, batch, length))
-        text_ids = mx.where(inputs >= IMAGE_ID_BASE, self._image_token_id, inputs)
         out = language(text_ids, inputs_embeds=embeds, cache=cache, position_ids=positions)
         return out.logits
 
     def _prefill_inputs(
-        self, inputs: mx.array, offsets: mx.array, shifts: list[int]
+        self, inputs: mx.array, text_ids: mx.array, offsets: mx.array, shifts: list[int]
     ) -> tuple[mx.array, mx.array]:
         """The embeddings and 3-D positions of a prefill chunk (its ids are concrete)."""
         ids = np.array(inputs).astype(np.int64)
@@ -302,8 +309,7 @@ class VisionLanguageModel(nn.Module):
                     shift += image.shift
             shifts[row] = shift
         self._positions.set(shifts, prefill=True)  # a later chunk of this call continues here
-        safe = np.where(ids >= IMAGE_ID_BASE, self._image_token_id, ids)
-        embeds = self.vlm.language_model.model.embed_tokens(mx.array(safe))
+        embeds = self.vlm.language_model.model.embed_tokens(text_ids)
         if features:
             width = embeds.shape[-1]
             rows = mx.concatenate([mx.zeros((1, width), embeds.dtype), *features])
