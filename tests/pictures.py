@@ -61,5 +61,25 @@ def anthropic_block(data: bytes, media_type: str = "image/png") -> dict[str, Any
     }
 
 
+# Claude Code's Read tool, and its call on a picture.
+READ = {"name": "Read", "input_schema": {"type": "object"}}
+READ_CALL = {"type": "tool_use", "id": "toolu_r", "name": "Read", "input": {"file_path": "a.png"}}
+
+
+def read_picture_turns(data: bytes) -> list[dict[str, Any]]:
+    """A conversation whose last turn is the Read tool's result: "a.png" and the PNG `data`
+    (what Claude Code sends after reading an image file)."""
+    result = {
+        "type": "tool_result",
+        "tool_use_id": "toolu_r",
+        "content": [{"type": "text", "text": "a.png"}, anthropic_block(data)],
+    }
+    return [
+        {"role": "user", "content": "read a.png"},
+        {"role": "assistant", "content": [READ_CALL]},
+        {"role": "user", "content": [result]},
+    ]
+
+
 def data_url(data: bytes, media_type: str = "image/png") -> str:
     return f"data:{media_type};base64,{b64(data)}"

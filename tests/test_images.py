@@ -22,7 +22,7 @@ from pictures import (
     webp_lossless_header,
 )
 
-from mlxlaunch.engine.types import InvalidRequest
+from mlxlaunch.engine.types import ImageInput, InvalidRequest, image_slot
 from mlxlaunch.protocol.openai_chat import ChatCompletionRequest
 from mlxlaunch.protocol.openai_responses import ResponsesRequest
 from mlxlaunch.protocol.requests import MessagesRequest
@@ -173,7 +173,10 @@ def test_a_good_image_passes_with_its_bytes_and_size() -> None:
         2,
         2,
     )
-    assert _anthropic([anthropic_block(data)], VISION).messages[0].content == IMAGE_PLACEHOLDER
+    # A vision model's request holds the image itself, its slot where it stood.
+    request = _anthropic([anthropic_block(data)], VISION)
+    assert request.messages[0].content == image_slot(0)
+    assert request.images == [ImageInput("image/png", data)]
 
 
 @pytest.mark.parametrize(

@@ -12,15 +12,13 @@ import anthropic
 import openai
 import pytest
 from engine_helpers import Served, serve
-from pictures import anthropic_block, data_url, png
+from pictures import READ, anthropic_block, data_url, png, read_picture_turns
 
 from mlxlaunch.server.images import IMAGE_PLACEHOLDER
 
 pytestmark = pytest.mark.slow  # serves a model
 
 PICTURE = png(4, 3)
-READ = {"name": "Read", "input_schema": {"type": "object"}}
-CALL = {"type": "tool_use", "id": "toolu_r", "name": "Read", "input": {"file_path": "a.png"}}
 
 
 @pytest.fixture(scope="module")
@@ -44,16 +42,7 @@ def test_a_users_image_is_a_400_naming_the_field_and_a_vision_model(text_model: 
 
 
 def test_an_image_a_tool_returned_reaches_the_model_as_a_placeholder(text_model: Served) -> None:
-    result = {
-        "type": "tool_result",
-        "tool_use_id": "toolu_r",
-        "content": [{"type": "text", "text": "a.png"}, anthropic_block(PICTURE)],
-    }
-    messages = [
-        {"role": "user", "content": "read a.png"},
-        {"role": "assistant", "content": [CALL]},
-        {"role": "user", "content": [result]},
-    ]
+    messages = read_picture_turns(PICTURE)
     text_model.scripted.enqueue("a blue picture")
     reply = text_model.anthropic.messages.create(
         model="m", max_tokens=20, messages=messages, tools=[READ]

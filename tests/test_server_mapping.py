@@ -10,7 +10,14 @@ import pytest
 from pictures import anthropic_block, png
 from starlette.datastructures import Headers
 
-from mlxlaunch.engine.types import ChatMessage, InvalidRequest, ToolCallRecord, ToolChoice
+from mlxlaunch.engine.types import (
+    ChatMessage,
+    ImageInput,
+    InvalidRequest,
+    ToolCallRecord,
+    ToolChoice,
+    image_slot,
+)
 from mlxlaunch.protocol.requests import CountTokensRequest, MessagesRequest
 from mlxlaunch.server.agent_headers import MAX_ID_CHARS, AgentHeaders
 from mlxlaunch.server.images import ImageAccess
@@ -242,12 +249,12 @@ def test_media_is_marked_not_dropped() -> None:
         _map(messages=messages)
     body = {"model": "m", "max_tokens": 9, "messages": messages}
     request = MessagesRequest.model_validate(body)
-    user = to_generation_request(request, images=ImageAccess(sees_images=True)).messages[0]
-    assert (
-        "[image omitted]" in user.content
-        and "doc body" in user.content
-        and "what is this?" in user.content
-    )
+    seen = to_generation_request(request, images=ImageAccess(sees_images=True))
+    user = seen.messages[0]
+    # A vision model's image stands where it was, as its slot; the bytes go with the request.
+    assert user.content.startswith(image_slot(0))
+    assert "doc body" in user.content and "what is this?" in user.content
+    assert seen.images == [ImageInput("image/png", png(2, 2))]
 
 
 def test_count_tokens_body_maps_like_a_message_body() -> None:

@@ -1,7 +1,7 @@
 """The `tiny-vision` test model (testing/vision.py): a real qwen2_5_vl architecture that
 mlx-vlm loads with its processor, built offline; the image's pixels reach the logits through
 the real preprocessing, image-token placement and vision tower. mlx-lm loads the same
-directory text-only, which is how the engine serves it in this release: its images are a 400.
+directory text-only; the engine serves it through mlx-vlm (tests/test_vision_engine.py).
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import anthropic
 import mlx.core as mx
 import pytest
 from engine_helpers import serve
@@ -113,17 +112,18 @@ def test_mlx_vlm_generates_from_an_image(loaded: Any) -> None:
     assert result.generation_tokens == 4 and result.prompt_tokens > 4
 
 
-def test_the_engine_serves_it_text_only_and_refuses_its_images(vision_dir: Path) -> None:
+def test_the_engine_serves_it_as_a_vision_model(vision_dir: Path) -> None:
     with serve(vision_dir) as served:
         served.scripted.enqueue("hello")
         reply = served.anthropic.messages.create(
             model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}]
         )
         assert reply.content[0].text == "hello"  # type: ignore[union-attr]
-        assert served.engine.model_info is not None and not served.engine.model_info.vision
+        assert served.engine.model_info is not None and served.engine.model_info.vision
+        served.scripted.enqueue("a picture")
         image = [{"role": "user", "content": [anthropic_block(png(56, 56))]}]
-        with pytest.raises(anthropic.BadRequestError, match="does not accept images"):
-            served.anthropic.messages.create(model="m", max_tokens=5, messages=image)
+        reply = served.anthropic.messages.create(model="m", max_tokens=5, messages=image)
+        assert reply.content[0].text == "a picture"  # type: ignore[union-attr]
 
 
 def test_models_info_says_which_models_see_images(

@@ -38,6 +38,7 @@ from mlxlaunch.engine.prompt.render import RenderedPrompt
 
 # How mlx-lm would split a model over ranks (the cluster checks ask it through the face).
 from mlxlaunch.engine.runtime.shard_probe import probe_shards as probe_shards
+from mlxlaunch.engine.runtime.vision import render_with_images
 from mlxlaunch.engine.scheduling.conductor import Conductor
 from mlxlaunch.engine.scheduling.duplicates import (
     DuplicateRegistry,
@@ -60,6 +61,7 @@ from mlxlaunch.engine.types import (
     PromptTooLong,
     Timings,
     Usage,
+    images_in_order,
 )
 from mlxlaunch.errors import MlxLaunchError
 
@@ -190,6 +192,10 @@ class Engine:
         """The one model this engine serves, listed under the server's id."""
         return [(None, self.model_info)]
 
+    async def loaded_model_info(self, model_id: str) -> ModelInfo:
+        """The facts of the model serving `model_id` (this engine's), loading it if need be."""
+        return await self._loaded_info()
+
     # --- requests -----------------------------------------------------------------------
 
     async def submit(self, request: GenerationRequest) -> AsyncGenerator[EngineEvent, None]:
@@ -274,6 +280,7 @@ class Engine:
             decoding=decoding,
             submitted_at=self.config.clock(),
             drafter=drafter,
+            images=rendered.images,
         )
         try:
             self._worker.post(partial(self._worker.enqueue, job))
@@ -360,8 +367,21 @@ class Engine:
             renderer = self._worker.renderer
         if renderer is None:
             raise EngineUnavailable("no model is loaded")
+        render = partial(renderer.render, request, limit, exact=exact)
+        if request.images:  # rendered, then each image token widened to its image's run
+            loaded = self._worker.loaded
+            vision = loaded.vision if loaded is not None else None
+            if vision is None:
+                raise InvalidRequest("this model does not accept images (it has no vision)")
+            try:
+                placed = [request.images[i] for i in images_in_order(request.messages)]
+            except IndexError:
+                raise InvalidRequest(
+                    "a message places an image the request does not hold"
+                ) from None
+            render = partial(render_with_images, render, vision, placed, limit, exact)
         try:
-            return await asyncio.to_thread(partial(renderer.render, request, limit, exact=exact))
+            return await asyncio.to_thread(render)
         except PromptTooLong:
             raise
         except Exception as exc:  # template errors are about the request's content

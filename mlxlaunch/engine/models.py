@@ -217,6 +217,12 @@ class ModelSet:
                     return model
         return self.models[0]
 
+    async def loaded_model_info(self, model_id: str) -> ModelInfo:
+        """The facts of the model that serves `model_id`, loading it (on demand too) first."""
+        engine = (await self._serving(model_id)).engine
+        assert engine is not None
+        return engine.model_info or await engine.load()
+
     def _engine_for(self, model_id: str) -> Engine:
         engine = self.route(model_id).engine
         assert engine is not None

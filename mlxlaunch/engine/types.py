@@ -6,6 +6,7 @@ chat templates and generation (messages, tool calls, tokens), never Anthropic fi
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -32,6 +33,44 @@ class ToolCallRecord:
     id: str
     name: str
     arguments: dict[str, Any]
+
+
+# Where an image stands in a message's content (a vision model's request): `image_slot(i)`,
+# the request's i-th image, between two object replacement characters.
+IMAGE_SLOT = "\ufffc"
+_SLOT = re.compile("\ufffc([0-9]+)\ufffc")
+
+
+def image_slot(index: int) -> str:
+    """The mark of the request's `index`-th image in a message's content."""
+    return f"{IMAGE_SLOT}{index}{IMAGE_SLOT}"
+
+
+def split_image_slots(content: str) -> list[str | int]:
+    """`content` as its texts and, where each image stands, the image's index."""
+    out: list[str | int] = []
+    at = 0
+    for found in _SLOT.finditer(content):
+        if found.start() > at:
+            out.append(content[at : found.start()])
+        out.append(int(found.group(1)))
+        at = found.end()
+    if at < len(content):
+        out.append(content[at:])
+    return out
+
+
+def images_in_order(messages: list[ChatMessage]) -> list[int]:
+    """The indices of the images the messages' contents place, in the order they stand."""
+    return [int(found.group(1)) for m in messages for found in _SLOT.finditer(m.content)]
+
+
+@dataclass(frozen=True)
+class ImageInput:
+    """An image of the request for a vision model: its encoded bytes (PNG, JPEG, GIF, WebP)."""
+
+    media_type: str
+    data: bytes = field(repr=False)
 
 
 @dataclass
@@ -106,6 +145,8 @@ class GenerationRequest:
     # anything unpinned of its priority for this long (never ahead of the main session, and
     # within the cache's pin budget): a conversation continued by id needs it next turn.
     pin_prefix_s: float = 0.0
+    # A vision model's images: `image_slot(i)` in a message's content stands for images[i].
+    images: list[ImageInput] = field(default_factory=list)
 
 
 # --- events -------------------------------------------------------------------------------

@@ -72,7 +72,7 @@ from mlxlaunch.server.openai_errors import (
     openai_error_response,
 )
 from mlxlaunch.server.request_log import RequestLog, log_refusal
-from mlxlaunch.server.settings import ServerSettings, ServingEngine
+from mlxlaunch.server.settings import ServerSettings, ServingEngine, served_model_info
 from mlxlaunch.server.streaming import answer_whole, stream_response, submit
 from mlxlaunch.server.web_search import SearchOutcome, ServedEvent
 
@@ -348,7 +348,7 @@ class ChatCompletionsApi:
     async def _create(self, request: Request) -> Response:
         body = await parse_body(request, ChatCompletionRequest, chat_field_error)
         completion_id = new_completion_id()
-        info = self.engine.model_info_for(body.model)
+        info = await served_model_info(self.engine, body.model)
         try:
             gen = await asyncio.to_thread(
                 partial(

@@ -146,8 +146,9 @@ def to_generation_request(
         repetition_penalty=req.repetition_penalty,
         seed=req.seed,
     )
+    check = ImageCheck(images)
     return GenerationRequest(
-        messages=conversation(req.messages, ImageCheck(images)),
+        messages=conversation(req.messages, check),
         max_tokens=req.output_limit or context_window,
         tools=offered_tools(req.tools or [], request_id),
         tool_choice=tool_choice(req),
@@ -159,6 +160,7 @@ def to_generation_request(
         tool_schema_field="function.parameters",
         request_id=request_id,
         model_alias=req.model,
+        images=check.images,
     )
 
 

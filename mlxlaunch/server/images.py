@@ -19,7 +19,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlxlaunch.engine.types import InvalidRequest
+from mlxlaunch.engine.types import ImageInput, InvalidRequest, image_slot
 
 IMAGE_PLACEHOLDER = "[image omitted]"
 MEDIA_TYPES = ("image/png", "image/jpeg", "image/gif", "image/webp")  # the Messages API's
@@ -113,9 +113,12 @@ class ImageCheck:
     def __init__(self, access: ImageAccess) -> None:
         self.access = access
         self.count = 0
+        self.images: list[ImageInput] = []  # a vision model's, as their slots name them
 
     def placeholder(self, image: ImageRef) -> str:
-        """The text that stands for `image` in the engine's text-only messages.
+        """The text that stands for `image` in the engine's messages: a placeholder for a
+        text-only model, the image's slot (`engine.types.image_slot`) for a vision model,
+        its bytes kept in `images`.
 
         Raises:
             InvalidRequest: a user's image to a model without vision, or an image that
@@ -127,8 +130,10 @@ class ImageCheck:
             # A tool chose to return it (Claude Code's Read on a PNG): refusing would wedge
             # the conversation, since every later request carries the same result.
             return IMAGE_PLACEHOLDER
-        self.check(image)
-        return IMAGE_PLACEHOLDER
+        checked = self.check(image)
+        # The image itself, where it stands (the user's or a tool's alike).
+        self.images.append(ImageInput(checked.media_type, checked.data))
+        return image_slot(len(self.images) - 1)
 
     def check(self, image: ImageRef) -> CheckedImage:
         """`image`'s bytes and size, once it keeps every rule.

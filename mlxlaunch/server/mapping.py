@@ -104,7 +104,8 @@ def to_generation_request(
     messages: list[ChatMessage] = []
     if system_text:
         messages.append(ChatMessage(role="system", content=system_text))
-    messages.extend(conversation(req.messages, ImageCheck(images)))
+    check = ImageCheck(images)
+    messages.extend(conversation(req.messages, check))
 
     tools = [
         ToolSpec(
@@ -150,6 +151,7 @@ def to_generation_request(
         kind=kind,
         model_alias=req.model,
         cache_key=agent.session_id,
+        images=check.images,
     )
 
 

@@ -34,7 +34,7 @@ from mlxlaunch.server.errors import ApiError, engine_error
 from mlxlaunch.server.mapping import search_policies, shows_thinking, to_generation_request
 from mlxlaunch.server.request_log import RequestLog
 from mlxlaunch.server.safeguards import PendingCheck, SafetyCheck, SafetyCheckSettings
-from mlxlaunch.server.settings import ServerSettings, ServingEngine
+from mlxlaunch.server.settings import ServerSettings, ServingEngine, served_model_info
 from mlxlaunch.server.streaming import CACHED_TOKENS_HEADER, answer_whole, stream_response, submit
 from mlxlaunch.server.threads import ThreadStore, ThreadTurn
 from mlxlaunch.server.web_search import ServedEvent, request_runner
@@ -79,7 +79,7 @@ class MessagesApi:
         self, request: Request, body: MessagesRequest, turn: ThreadTurn | None
     ) -> Response:
         message_id = new_message_id()
-        images = self.settings.image_access(self.engine.model_info_for(body.model))
+        images = self.settings.image_access(await served_model_info(self.engine, body.model))
         context = await manage_context(body, self.engine, images=images)
         # Off the event loop: a body of many messages takes seconds to map.
         gen = await asyncio.to_thread(
@@ -119,7 +119,7 @@ class MessagesApi:
     async def count_tokens(self, request: Request) -> Response:
         body = await parse_body(request, CountTokensRequest)
         try:
-            images = self.settings.image_access(self.engine.model_info_for(body.model))
+            images = self.settings.image_access(await served_model_info(self.engine, body.model))
             context = await manage_context(body, self.engine, images=images, count_original=True)
             gen = await asyncio.to_thread(
                 partial(to_generation_request, context.body, images=images)

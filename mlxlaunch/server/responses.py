@@ -48,7 +48,7 @@ from mlxlaunch.server.request_log import RequestLog, log_refusal
 from mlxlaunch.server.response_store import ResponseStore
 from mlxlaunch.server.responses_mapping import search_policies, to_generation_request
 from mlxlaunch.server.responses_stream import ResponseStream, new_response, new_response_id
-from mlxlaunch.server.settings import ServerSettings, ServingEngine
+from mlxlaunch.server.settings import ServerSettings, ServingEngine, served_model_info
 from mlxlaunch.server.streaming import answer_whole, stream_response, submit
 from mlxlaunch.server.web_search import ServedEvent, request_runner
 
@@ -96,7 +96,7 @@ class ResponsesApi:
             history = _ITEMS.validate_python(held)
         items = [*history, *body.items]
         response_id = new_response_id()
-        info = self.engine.model_info_for(body.model)
+        info = await served_model_info(self.engine, body.model)
         policies = search_policies(body)
         gen, names = await asyncio.to_thread(
             partial(

@@ -175,7 +175,8 @@ def to_generation_request(
     """
     tools, names = function_tools(body)
     tools += [web_search_spec(name) for name in searches]
-    messages = conversation(items, names, ImageCheck(images))
+    check = ImageCheck(images)
+    messages = conversation(items, names, check)
     if body.instructions:
         if messages and messages[0].role == "system":
             messages[0].content = PART_SEPARATOR.join((body.instructions, messages[0].content))
@@ -201,6 +202,7 @@ def to_generation_request(
             kind=request_kind(messages, tools),
             model_alias=body.model,
             cache_key=body.prompt_cache_key or "",
+            images=check.images,
         ),
         names,
     )

@@ -41,6 +41,23 @@ class ServingEngine(Protocol):
         main model) and its facts (None before its load); the main model first."""
         ...
 
+    async def loaded_model_info(self, model_id: str) -> ModelInfo:
+        """The facts of the model that serves `model_id`, loading it first if need be."""
+        ...
+
+
+async def served_model_info(engine: ServingEngine, model_id: str) -> ModelInfo | None:
+    """The facts of the model that serves `model_id`, its load awaited if it has not loaded
+    yet (whether it sees images decides how a request's images map); None if it cannot load
+    (the request's submit then reports why)."""
+    info = engine.model_info_for(model_id)
+    if info is not None:
+        return info
+    try:
+        return await engine.loaded_model_info(model_id)
+    except Exception:  # reported by the submit that follows, in the API's own words
+        return None
+
 
 @dataclass(frozen=True)
 class ServerSettings:

@@ -57,6 +57,9 @@ class RenderedPrompt:
 
     tokens: list[int]
     opens_thinking: bool
+    # A vision model's prepared images (runtime/vision.py), held while the prompt lives: the
+    # model embeds their ids from them.
+    images: tuple[Any, ...] = ()
 
 
 def ends_inside_span(text: str, start: str | None, end: str | None) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from mlxlaunch.engine.types import ChatMessage, ToolSpec
+from mlxlaunch.engine.types import IMAGE_SLOT, ChatMessage, ToolSpec, split_image_slots
 
 # Where an assistant turn's reasoning goes: a message key, or "content_blocks" (content becomes
 # `[{"type": "thinking", "thinking": …}, {"type": "text", "text": …}]`).
@@ -29,6 +29,8 @@ def message_to_template(
     """One engine message as the dict chat templates expect, its reasoning under
     `reasoning_field`."""
     out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if IMAGE_SLOT in message.content:  # a vision model's images: parts the template places
+        out["content"] = image_parts(message.content)
     if message.role == "assistant":
         if message.reasoning:
             if reasoning_field == "content_blocks":
@@ -65,3 +67,11 @@ def tool_to_template(tool: ToolSpec) -> dict[str, Any]:
             "parameters": tool.parameters,
         },
     }
+
+
+def image_parts(content: str) -> list[dict[str, str]]:
+    """`content` as text and image parts, an image where each image slot stands."""
+    return [
+        {"type": "text", "text": part} if isinstance(part, str) else {"type": "image"}
+        for part in split_image_slots(content)
+    ]

@@ -1,4 +1,5 @@
-"""Model loading through mlx-lm and the facts the rest of the engine needs about the model.
+"""Model loading through mlx-lm (or mlx-vlm, for a vision model) and the facts the rest of
+the engine needs about the model.
 
 The context window comes from the one rule in `engine/settings.py` (the store's reading of
 config.json, the `--context-length` override, a fallback).
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 import os
 import threading
 import weakref
@@ -26,6 +28,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlxlaunch.engine.config import EngineConfig
 from mlxlaunch.engine.runtime.learned_syntax import learn_json_call_syntax, learn_think_markers
 from mlxlaunch.engine.runtime.quantized_kv import KVQuantization, head_dim, resolve
+from mlxlaunch.engine.runtime.vision import VisionLanguageModel, is_vision_config, load_vision
 from mlxlaunch.engine.settings import context_window_of
 from mlxlaunch.engine.types import ModelInfo
 from mlxlaunch.errors import ModelLoadError, ModelNotFound
@@ -73,6 +76,9 @@ class LoadedModel:
     # mlx-lm's parser for the dialect, where the engine has no reader of its own for it.
     tool_parser: ToolParser | None = None
     kv: KVQuantization | None = None  # how its KV caches are held (None: unquantized)
+    # A vision model (mlx-vlm's, runtime/vision.py): it prepares images and widens their
+    # tokens; `base_model` is this too.
+    vision: VisionLanguageModel | None = None
 
 
 def _local_path(model: str) -> Path:
@@ -173,6 +179,25 @@ def _eos_ids(tokenizer: TokenizerWrapper) -> tuple[int, ...]:
     return tuple(sorted(int(i) for i in tokenizer.eos_token_ids))
 
 
+def _vision(path: Path) -> tuple[VisionLanguageModel, Any, dict[str, Any]] | None:
+    """The vision model at `path` through mlx-vlm, with mlx-lm's tokenizer of it; None when
+    `path` holds no vision model this engine serves, or mlx-vlm is not installed (then mlx-lm
+    loads its language part, text-only)."""
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        return None
+    if not is_vision_config(json.loads(config_file.read_text())):
+        return None
+    try:
+        import mlx_vlm  # noqa: F401  (the `vision` extra)
+    except ImportError:
+        return None
+    from mlx_lm.utils import load_tokenizer
+
+    model, config = load_vision(path)
+    return model, load_tokenizer(path), config
+
+
 def _sharded(config: EngineConfig, path: Path) -> tuple[Any, Any, Any]:
     """This rank's shard of the model, through mlx-lm's `sharded_load` (a collective: every
     rank loads at the same time, and it returns once all have)."""
@@ -202,7 +227,11 @@ def load_model(config: EngineConfig) -> LoadedModel:
             model, tokenizer, model_config = _sharded(config, path)
         else:
             source = str(path) if path.exists() else config.model
-            model, tokenizer, model_config = _load_shared(source, config.share_weights)
+            vision = _vision(_local_path(config.model)) if path.exists() else None
+            if vision is not None:
+                model, tokenizer, model_config = vision
+            else:
+                model, tokenizer, model_config = _load_shared(source, config.share_weights)
     except Exception as exc:  # mlx-lm raises many kinds; all mean "cannot load"
         raise ModelLoadError(f"cannot load model {config.model}: {exc}") from exc
     base_model = model
@@ -239,7 +268,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
         tool_call_end=syntax.tool_call_end,
         tool_format=dialect.name if dialect is not None and dialect.name != "none" else None,
         dialect=dialect,
-        vision=False,
+        vision=isinstance(base_model, VisionLanguageModel),
         eos_token_ids=_eos_ids(tokenizer),
         sampling_defaults=read_sampling_defaults(_local_path(config.model), report=True),
     )
@@ -250,6 +279,7 @@ def load_model(config: EngineConfig) -> LoadedModel:
         info=info,
         tool_parser=syntax.parser,
         kv=kv,
+        vision=base_model if isinstance(base_model, VisionLanguageModel) else None,
     )
 
 

@@ -31,6 +31,7 @@ from mlx_lm.models.cache import BatchKVCache, KVCache
 from mlxlaunch.engine.decoding.draft_model import DraftModel
 from mlxlaunch.engine.decoding.drafting import DraftWidth, PromptLookup
 from mlxlaunch.engine.runtime.quantized_kv import QuantizedRowKVCache
+from mlxlaunch.engine.runtime.vision import VisionLanguageModel, set_row_shifts
 from mlxlaunch.engine.scheduling.decode import (
     DecodeBatch,
     Emitted,
@@ -73,6 +74,7 @@ def make_batch(
         sampler=sampler,
         speculate=speculation is not None and speculation.on,
         draft_model=speculation.draft if speculation is not None else None,
+        vision=loaded.vision,
     )
 
 
@@ -116,6 +118,7 @@ class _Sequence:
     may_draft: bool
     urgent: bool = False  # the main loop's: admitted first, and beside any other prompts
     done: int = 0  # prompt tokens prefilled
+    shift: int = 0  # the rotary shift of the images in its held tokens (runtime/vision.py)
 
     def slice_shape(self, chunk: int) -> tuple[int, int]:
         """(tokens of its next slice, tokens its cache holds before them)."""
@@ -135,6 +138,8 @@ class Batch:
         speculate: draft tokens where sequences can (speculative decoding): from the prompt
             lookup drafter each brings, or from `draft_model`.
         draft_model: drafts for every sequence from a small model (decoding/draft_model.py).
+        vision: the vision model behind `model`, told each row's rotary shift before a pass
+            (runtime/vision.py; None: a text model).
     """
 
     model: Any
@@ -144,6 +149,7 @@ class Batch:
     sampler: Sampler | None = None
     speculate: bool = False
     draft_model: DraftModel | None = None
+    vision: VisionLanguageModel | None = None
     counters: Counters = field(default_factory=Counters)
     _clock: Callable[[], float] = time.perf_counter
 
@@ -158,6 +164,7 @@ class Batch:
             DraftWidth() if self.speculate else None,
             self._clock,
             self.draft_model,
+            self.vision,
         )
         self._early: list[Emitted] = []  # resolved before a removal, reported next step
         self._joining: list[list[Any]] = []  # batch caches of the prompts ready to decode
@@ -203,6 +210,7 @@ class Batch:
             snapshot=snapshot,
             may_draft=may_draft,
             urgent=urgent,
+            shift=self.vision.table.shift_of(held) if self.vision is not None else 0,
         )
         self._waiting.append(sequence)
         return uid
@@ -359,12 +367,16 @@ class Batch:
         pending = self._prefilling  # each has more than its last token left (see _ready)
         chunks = [s.prompt[s.done : min(s.done + tokens, len(s.prompt) - 1)] for s in pending]
         tic = self._clock()
+        if self.vision is not None:
+            set_row_shifts(self.vision, [s.shift for s in pending], prefill=True)
         batch.prompt(chunks)
         self.counters.prompt_time += self._clock() - tic
         self.counters.prompt_tokens += sum(len(c) for c in chunks)
         progress: list[Progress] = []
         for i, (seq, chunk) in enumerate(zip(pending, chunks, strict=True)):
             seq.done += len(chunk)
+            if self.vision is not None:
+                seq.shift += self.vision.table.shift_of(chunk)
             event = Progress(seq.uid, seq.done, len(seq.prompt))
             if seq.snapshot and seq.done == len(seq.prompt) - 1:
                 event.snapshot = (batch.extract_cache(i), list(batch.tokens[i]))
@@ -406,6 +418,7 @@ class Batch:
                     processors=seq.processors,
                     may_draft=seq.may_draft,
                     drafter=drafter,
+                    shift=seq.shift,
                 )
             )
         parts, self._joining = self._joining, []

@@ -33,6 +33,7 @@ import mlx.core as mx
 from mlxlaunch.engine.decoding.draft_model import DraftModel
 from mlxlaunch.engine.decoding.drafting import Acceptance, DraftWidth, PromptLookup
 from mlxlaunch.engine.runtime.row_cache import RowKVCache
+from mlxlaunch.engine.runtime.vision import set_row_shifts, text_only
 
 Sampler = Callable[[mx.array], mx.array]
 Processor = Callable[[mx.array, mx.array], mx.array]
@@ -61,6 +62,7 @@ class Row:
     acceptance: Acceptance = field(default_factory=Acceptance)
     drafted: int = 0  # tokens proposed for this sequence so far
     accepted: int = 0  # of which accepted
+    shift: int = 0  # the rotary shift of the images in its prompt (runtime/vision.py)
 
     def remaining(self) -> int:
         return self.max_tokens - self.generated
@@ -107,8 +109,10 @@ class DecodeBatch:
         width: DraftWidth | None,
         clock: Callable[[], float] = time.perf_counter,
         draft_model: DraftModel | None = None,
+        vision: Any = None,
     ) -> None:
         self.model = model
+        self.vision = vision  # told each row's rotary shift before a pass (runtime/vision.py)
         self.draft_model = draft_model  # drafts for every row (else prompt lookup per row)
         self.fallback_sampler = fallback_sampler
         self.stop_tokens = stop_tokens
@@ -203,6 +207,8 @@ class DecodeBatch:
                     for row, d in zip(self.rows, drafts, strict=True)
                 ]
             )
+        if self.vision is not None:
+            set_row_shifts(self.vision, [row.shift for row in self.rows], prefill=False)
         logits = self.model(inputs, cache=self.caches)  # (rows, width, vocab)
         samples = self._sample(logits, drafts, width)
         # The caches too: a processor that decides a token without reading the logits (a
@@ -310,6 +316,7 @@ class DecodeBatch:
             room = min(width.max_draft, row.remaining() - 1)
             drafter = row.drafter if row.may_draft else None
             proposal = drafter.propose(room) if drafter is not None and room > 0 else []
+            proposal = text_only(proposal)  # an image's ids are never written, so never drafted
             proposals.append(proposal)
         k = width.choose([len(p) for p in proposals], [row.acceptance for row in self.rows])
         drafts: list[list[int]] = []

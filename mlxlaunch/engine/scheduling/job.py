@@ -141,6 +141,7 @@ class Job:
     sink: EventSink
     submitted_at: float
     decoding: DecodingPlan = NO_PLAN  # constraints and thinking budget, built at submit
+    images: tuple[Any, ...] = ()  # a vision model's prepared images: held while it runs
     # Filled in by the worker thread.
     uid: int | None = None
     cached_tokens: int = 0

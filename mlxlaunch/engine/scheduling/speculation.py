@@ -51,6 +51,14 @@ def plan_speculation(config: EngineConfig, loaded: LoadedModel, *, cluster: bool
     mode = config.speculate
     use_draft = config.draft_model is not None and mode in ("auto", "draft")
     reason = speculation_unavailable(mode, loaded.base_model, cluster=cluster)
+    if use_draft and loaded.vision is not None:  # its drafts would be blind to the images
+        if mode == "draft":
+            raise ModelLoadError(
+                "--speculate draft is not possible here: a draft model reads no images, "
+                "and this is a vision model (it drafts by prompt lookup)"
+            )
+        log.info("a vision model drafts by prompt lookup, not with the draft model")
+        use_draft = False
     draft = None
     if reason is None and use_draft:
         assert config.draft_model is not None

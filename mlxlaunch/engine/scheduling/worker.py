@@ -433,7 +433,10 @@ class Worker:
             for i, token in enumerate(response.tokens):
                 finish = response.finish_reason if i == last else None
                 if finish == "stop" and self.renderer is not None and response.held is not None:
-                    adopt_reply(self.renderer, response.held[1], token)
+                    held = response.held[1]
+                    if self.loaded is not None and self.loaded.vision is not None:
+                        held = self.loaded.vision.collapse(held)  # as the template writes it
+                    adopt_reply(self.renderer, held, token)
                 try:
                     self._on_token(job, token, finish)
                 except Exception as exc:  # parser or detokenizer trouble is this job's alone
