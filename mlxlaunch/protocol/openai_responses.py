@@ -1,7 +1,7 @@
 """Wire types of OpenAI's Responses API (`POST /v1/responses`), what Codex CLI speaks.
 
 Requests are lenient as Codex needs: unknown fields, unknown input-item types and unknown
-tool types (`web_search`, `custom`, `local_shell`, …) are accepted and dropped by the mapping
+tool types (`web_search`, `local_shell`, …) are accepted and dropped by the mapping
 with a log note; what would change the output if misread is strict (roles, a function call's
 `call_id`/`name`/`arguments`, a function call output's `call_id`). A `namespace` tool (Codex
 0.171 puts its sub-agent tools in one) holds function tools, which are served flattened.
@@ -243,8 +243,34 @@ class FunctionTool(ResponsesWire):
     strict: bool | None = None
 
 
+class GrammarInputFormat(ResponsesWire):
+    """A custom tool's input follows this grammar: Lark rules or one regular expression."""
+
+    type: Literal["grammar"]
+    syntax: Literal["lark", "regex"]
+    definition: Annotated[str, Field(strict=True)]
+
+
+class TextInputFormat(ResponsesWire):
+    """A custom tool's input is free text."""
+
+    type: Literal["text"]
+
+
+CustomToolFormat = Annotated[GrammarInputFormat | TextInputFormat, Field(discriminator="type")]
+
+
+class CustomTool(ResponsesWire):
+    """A freeform tool (Codex's `apply_patch`): called with raw text, not JSON arguments."""
+
+    type: Literal["custom"]
+    name: limits.Name
+    description: str | None = None
+    format: CustomToolFormat | None = None
+
+
 class OtherTool(ResponsesWire):
-    """A hosted or custom tool (`web_search`, `custom`, `local_shell`, …): not served."""
+    """A hosted tool (`web_search`, `local_shell`, …): not served."""
 
     type: str = ""
 
@@ -269,13 +295,19 @@ class NamespaceTool(ResponsesWire):
 ResponsesTool = Annotated[
     Annotated[FunctionTool, Tag("function")]
     | Annotated[NamespaceTool, Tag("namespace")]
+    | Annotated[CustomTool, Tag("custom")]
     | Annotated[OtherTool, Tag("other")],
-    _tag(("function", "namespace"), "other"),
+    _tag(("function", "namespace", "custom"), "other"),
 ]
 
 
 class ToolChoiceFunction(ResponsesWire):
     type: Literal["function"]
+    name: limits.NameOrEmpty
+
+
+class ToolChoiceCustom(ResponsesWire):
+    type: Literal["custom"]
     name: limits.NameOrEmpty
 
 
@@ -286,8 +318,10 @@ class ToolChoiceOther(ResponsesWire):
 
 
 ToolChoiceObject = Annotated[
-    Annotated[ToolChoiceFunction, Tag("function")] | Annotated[ToolChoiceOther, Tag("other")],
-    _tag(("function",), "other"),
+    Annotated[ToolChoiceFunction, Tag("function")]
+    | Annotated[ToolChoiceCustom, Tag("custom")]
+    | Annotated[ToolChoiceOther, Tag("other")],
+    _tag(("function", "custom"), "other"),
 ]
 
 
@@ -409,6 +443,17 @@ class OutputFunctionCall(OutputWire):
     namespace: str | None = None
 
 
+class OutputCustomToolCall(OutputWire):
+    """A call of a freeform tool: `input` is the raw text the model wrote."""
+
+    type: Literal["custom_tool_call"] = "custom_tool_call"
+    id: str
+    call_id: str
+    name: str
+    input: str = ""
+    status: str = "in_progress"
+
+
 class SummaryPart(OutputWire):
     type: Literal["summary_text"] = "summary_text"
     text: str = ""
@@ -421,7 +466,7 @@ class OutputReasoning(OutputWire):
     status: str = "in_progress"
 
 
-OutputItem = OutputMessage | OutputFunctionCall | OutputReasoning
+OutputItem = OutputMessage | OutputFunctionCall | OutputCustomToolCall | OutputReasoning
 
 
 class InputTokensDetails(BaseModel):
@@ -547,6 +592,22 @@ class ArgumentsDoneEvent(StreamEvent):
     output_index: int
     name: str
     arguments: str
+
+
+class CustomInputDeltaEvent(StreamEvent):
+    """response.custom_tool_call_input.delta."""
+
+    item_id: str
+    output_index: int
+    delta: str
+
+
+class CustomInputDoneEvent(StreamEvent):
+    """response.custom_tool_call_input.done."""
+
+    item_id: str
+    output_index: int
+    input: str
 
 
 class SummaryPartEvent(StreamEvent):

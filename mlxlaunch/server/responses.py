@@ -28,9 +28,10 @@ from mlxlaunch.protocol.openai_responses import (
     InputItem,
     InputItemOrEasy,
     OtherItem,
+    OutputCustomToolCall,
     OutputFunctionCall,
+    OutputItem,
     OutputMessage,
-    OutputReasoning,
     ResponseObject,
     ResponsesRequest,
 )
@@ -198,7 +199,7 @@ def _echo(body: ResponsesRequest, response_id: str, store: bool) -> ResponseObje
     )
 
 
-def as_input_item(item: OutputMessage | OutputFunctionCall | OutputReasoning) -> dict[str, Any]:
+def as_input_item(item: OutputItem) -> dict[str, Any]:
     """An output item as the next request would send it back."""
     if isinstance(item, OutputMessage):
         content = [{"type": "output_text", "text": part.text} for part in item.content]
@@ -211,5 +212,12 @@ def as_input_item(item: OutputMessage | OutputFunctionCall | OutputReasoning) ->
             "arguments": item.arguments,
         }
         return call | ({"namespace": item.namespace} if item.namespace else {})
+    if isinstance(item, OutputCustomToolCall):
+        return {
+            "type": "custom_tool_call",
+            "call_id": item.call_id,
+            "name": item.name,
+            "input": item.input,
+        }
     summary = [{"type": "summary_text", "text": part.text} for part in item.summary]
     return {"type": "reasoning", "summary": summary}

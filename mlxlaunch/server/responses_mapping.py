@@ -23,6 +23,7 @@ from typing import Any
 from mlxlaunch.engine.types import (
     ChatMessage,
     GenerationRequest,
+    InputGrammar,
     InvalidRequest,
     RequestKind,
     Role,
@@ -34,11 +35,13 @@ from mlxlaunch.engine.types import (
 from mlxlaunch.protocol.limits import shown_names
 from mlxlaunch.protocol.openai_responses import (
     ContentPart,
+    CustomTool,
     CustomToolCallItem,
     CustomToolCallOutputItem,
     FunctionCallItem,
     FunctionCallOutputItem,
     FunctionTool,
+    GrammarInputFormat,
     InputImage,
     InputItem,
     InputText,
@@ -50,6 +53,7 @@ from mlxlaunch.protocol.openai_responses import (
     ReasoningItem,
     Refusal,
     ResponsesRequest,
+    ToolChoiceCustom,
     ToolChoiceFunction,
 )
 from mlxlaunch.server.call_arguments import history_arguments
@@ -67,6 +71,12 @@ DEFAULT_MAX_OUTPUT_TOKENS = 32_768
 LOCAL_SHELL_TOOL = "shell"
 # A freeform custom tool's raw-text input is, to the model, the call's one string argument.
 CUSTOM_TOOL_INPUT = "input"
+CUSTOM_TOOL_PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {CUSTOM_TOOL_INPUT: {"type": "string"}},
+    "required": [CUSTOM_TOOL_INPUT],
+    "additionalProperties": False,
+}
 # Items whose whole content is another server's encryption: dropping one would silently lose
 # the conversation it stands for.
 _SEALED_ITEMS = ("compaction", "compaction_summary")
@@ -90,10 +100,12 @@ def engine_call_id(call_id: str) -> str:
 
 @dataclass(frozen=True)
 class ToolNames:
-    """The function tools of one request under the names the model sees, both ways."""
+    """The tools of one request under the names the model sees, both ways, and which of
+    them are freeform (`custom`) tools, answered with raw text."""
 
     wire: dict[str, tuple[str | None, str]] = field(default_factory=dict)  # model → (ns, name)
     model: dict[tuple[str | None, str], str] = field(default_factory=dict)
+    custom: set[str] = field(default_factory=set)  # model names of the custom tools
 
     def for_model(self, namespace: str | None, name: str) -> str:
         return self.model.get((namespace, name), name)
@@ -102,14 +114,19 @@ class ToolNames:
         return self.wire.get(model_name, (None, model_name))
 
 
-def function_tools(body: ResponsesRequest) -> tuple[list[ToolSpec], ToolNames]:
-    """The function tools, namespaces flattened; other tool types are ignored (one note)."""
-    top: list[FunctionTool] = []
+def offered_tools(body: ResponsesRequest) -> tuple[list[ToolSpec], ToolNames]:
+    """The function and custom tools, namespaces flattened; other tool types (hosted ones)
+    are ignored (one note)."""
+    top: list[ToolSpec] = []
     grouped: list[tuple[str, str | None, FunctionTool]] = []
     ignored: list[str] = []
-    for tool in body.tools or []:
+    names = ToolNames()
+    for index, tool in enumerate(body.tools or []):
         if isinstance(tool, FunctionTool):
-            top.append(tool)
+            top.append(_spec(tool.name, tool))
+        elif isinstance(tool, CustomTool):
+            top.append(_custom_spec(index, tool))
+            names.custom.add(tool.name)
         elif isinstance(tool, NamespaceTool):
             for member in tool.tools:
                 if isinstance(member, FunctionTool):
@@ -120,13 +137,12 @@ def function_tools(body: ResponsesRequest) -> tuple[list[ToolSpec], ToolNames]:
             ignored.append(tool.type or "?")
     if ignored:
         log.info("responses: tool types not served, ignored: %s", shown_names(ignored))
-    names = ToolNames()
     specs: list[ToolSpec] = []
-    taken = {tool.name for tool in top}
-    for tool in top:
-        names.wire[tool.name] = (None, tool.name)
-        names.model[(None, tool.name)] = tool.name
-        specs.append(_spec(tool.name, tool))
+    taken = {spec.name for spec in top}
+    for spec in top:
+        names.wire[spec.name] = (None, spec.name)
+        names.model[(None, spec.name)] = spec.name
+        specs.append(spec)
     for namespace, _, tool in grouped:
         model_name = tool.name if tool.name not in taken else f"{namespace}__{tool.name}"
         taken.add(model_name)
@@ -146,6 +162,29 @@ def _spec(name: str, tool: FunctionTool) -> ToolSpec:
     )
 
 
+def _custom_spec(index: int, tool: CustomTool) -> ToolSpec:
+    """A custom tool as the model sees it: one string parameter, `input`, whose text follows
+    the tool's grammar (strict, so calls follow it under any tool choice)."""
+    fmt = tool.format
+    grammar = None
+    if isinstance(fmt, GrammarInputFormat):
+        grammar = InputGrammar(fmt.syntax, fmt.definition, f"tools[{index}].format.definition")
+    return ToolSpec(
+        name=tool.name,
+        description=tool.description or "",
+        parameters=CUSTOM_TOOL_PARAMETERS,
+        strict=grammar is not None,
+        grammar=grammar,
+    )
+
+
+def custom_input(arguments: dict[str, Any] | None, text: str) -> str:
+    """A custom tool call's raw input from the engine's arguments: the `input` string (the
+    JSON `text` of the arguments when the model wrote something else)."""
+    value = (arguments or {}).get(CUSTOM_TOOL_INPUT)
+    return value if isinstance(value, str) else text
+
+
 def to_generation_request(
     body: ResponsesRequest,
     items: Sequence[InputItem],
@@ -162,7 +201,7 @@ def to_generation_request(
         InvalidRequest: an output for an unknown call, a call left without output, an image
             for a model without vision, arguments that are not a JSON object.
     """
-    tools, names = function_tools(body)
+    tools, names = offered_tools(body)
     messages = conversation(items, names, ImageCheck(images))
     if body.instructions:
         if messages and messages[0].role == "system":
@@ -201,7 +240,7 @@ def tool_choice(body: ResponsesRequest, names: ToolNames) -> ToolChoice:
         return ToolChoice(mode="none")
     if choice == "required":
         return ToolChoice(mode="any", parallel=parallel, wire="required")
-    if isinstance(choice, ToolChoiceFunction):
+    if isinstance(choice, ToolChoiceFunction | ToolChoiceCustom):
         named = next((m for m, (_, n) in names.wire.items() if n == choice.name), choice.name)
         return ToolChoice(mode="tool", name=named, parallel=parallel)
     return ToolChoice(mode="auto", parallel=parallel)

@@ -7,7 +7,8 @@ done, one item open at a time; response.completed or .incomplete last) and folds
 
 Thinking is a `reasoning` item whose summary is the thinking text (a local model's thinking
 is not secret); the client sends it back and the next prompt renders it where the model
-wrote it. Tool-call arguments stream as the engine's deltas, which join to JSON text.
+wrote it. Tool-call arguments stream as the engine's deltas, which join to JSON text; a custom
+(freeform) tool's call streams the raw text of its one `input` argument, decoded as it comes.
 """
 
 from __future__ import annotations
@@ -35,9 +36,13 @@ from mlxlaunch.protocol.openai_responses import (
     ArgumentsDeltaEvent,
     ArgumentsDoneEvent,
     ContentPartEvent,
+    CustomInputDeltaEvent,
+    CustomInputDoneEvent,
     IncompleteDetails,
     InputTokensDetails,
+    OutputCustomToolCall,
     OutputFunctionCall,
+    OutputItem,
     OutputItemEvent,
     OutputMessage,
     OutputReasoning,
@@ -54,8 +59,13 @@ from mlxlaunch.protocol.openai_responses import (
     TextDeltaEvent,
     TextDoneEvent,
 )
-from mlxlaunch.server.call_arguments import model_arguments
-from mlxlaunch.server.responses_mapping import ToolNames, client_call_id
+from mlxlaunch.server.call_arguments import StringArgumentStream, model_arguments
+from mlxlaunch.server.responses_mapping import (
+    CUSTOM_TOOL_INPUT,
+    ToolNames,
+    client_call_id,
+    custom_input,
+)
 
 log = logging.getLogger("mlxlaunch.server")
 
@@ -96,9 +106,10 @@ class ResponseStream:
         self._sequence = 0
         self._started = False
         self._finished = False
-        self._open: OutputMessage | OutputFunctionCall | OutputReasoning | None = None
+        self._open: OutputItem | None = None
         self._engine_call: str | None = None  # the engine id of the open function call
         self._streamed = False  # the open call has had argument deltas
+        self._input: StringArgumentStream | None = None  # the open custom call's input
 
     @property
     def finished(self) -> bool:
@@ -156,9 +167,7 @@ class ResponseStream:
         for kind in ("response.created", "response.in_progress"):
             self._emit(out, ResponseLifecycleEvent(type=kind, response=self._snapshot()))
 
-    def _add(
-        self, out: list[StreamEvent], item: OutputMessage | OutputFunctionCall | OutputReasoning
-    ) -> None:
+    def _add(self, out: list[StreamEvent], item: OutputItem) -> None:
         self._close(out)
         self.response.output.append(item)
         self._open = item
@@ -211,15 +220,24 @@ class ResponseStream:
 
     def _open_call(self, out: list[StreamEvent], engine_id: str, model_name: str) -> None:
         namespace, name = self._names.for_client(model_name)
-        call = OutputFunctionCall(
-            id=_item_id("fc"), call_id=client_call_id(engine_id), name=name, namespace=namespace
-        )
-        self._add(out, call)
+        call_id = client_call_id(engine_id)
+        if model_name in self._names.custom:
+            self._add(out, OutputCustomToolCall(id=_item_id("ctc"), call_id=call_id, name=name))
+            self._input = StringArgumentStream(CUSTOM_TOOL_INPUT)
+        else:
+            call = OutputFunctionCall(
+                id=_item_id("fc"), call_id=call_id, name=name, namespace=namespace
+            )
+            self._add(out, call)
         self._engine_call = engine_id
         self._streamed = False
 
     def _arguments(self, out: list[StreamEvent], piece: str) -> None:
         call = self._open
+        if isinstance(call, OutputCustomToolCall):
+            assert self._input is not None
+            self._input_text(out, call, self._input.feed(piece))
+            return
         assert isinstance(call, OutputFunctionCall)
         call.arguments += piece
         self._streamed = True
@@ -233,12 +251,34 @@ class ResponseStream:
             ),
         )
 
+    def _input_text(self, out: list[StreamEvent], call: OutputCustomToolCall, text: str) -> None:
+        if not text:
+            return
+        call.input += text
+        self._emit(
+            out,
+            CustomInputDeltaEvent(
+                type="response.custom_tool_call_input.delta",
+                item_id=call.id,
+                output_index=self._index,
+                delta=text,
+            ),
+        )
+
     def _end_call(self, out: list[StreamEvent], event: ToolCallEvent) -> None:
         """A call ends: one that streamed closes; one that arrives whole is sent as one delta."""
-        streaming = isinstance(self._open, OutputFunctionCall) and self._engine_call == event.id
-        if not streaming:
+        open_call = isinstance(self._open, OutputFunctionCall | OutputCustomToolCall)
+        if not (open_call and self._engine_call == event.id):
             self._open_call(out, event.id, event.name)
-        if not self._streamed:
+        call = self._open
+        if isinstance(call, OutputCustomToolCall):
+            text = custom_input(model_arguments(event.arguments), event.arguments)
+            if text.startswith(call.input):
+                self._input_text(out, call, text[len(call.input) :])
+            else:  # the streamed pieces read otherwise than the whole: the whole is the call
+                log.warning("custom tool call %s: streamed input differs", shown(call.name))
+                call.input = text
+        elif not self._streamed:
             arguments = model_arguments(event.arguments)
             if arguments is None:
                 log.warning(
@@ -279,6 +319,18 @@ class ResponseStream:
                 ),
             )
             self._emit(out, self._summary_event("response.reasoning_summary_part.done"))
+        elif isinstance(item, OutputCustomToolCall):
+            self._emit(
+                out,
+                CustomInputDoneEvent(
+                    type="response.custom_tool_call_input.done",
+                    item_id=item.id,
+                    output_index=index,
+                    input=item.input,
+                ),
+            )
+            self._engine_call = None
+            self._input = None
         else:
             if model_arguments(item.arguments) is None:  # the engine promises JSON; if not, {}
                 log.warning(
