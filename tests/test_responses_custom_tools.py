@@ -9,8 +9,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
+import openai
 import pytest
 from engine_helpers import Served, serve
+from test_custom_tool_grammars import BOUNDED_LARK, patch_hunks
 
 from mlxlaunch.engine.types import (
     Admitted,
@@ -26,6 +29,8 @@ from mlxlaunch.server.call_arguments import StringArgumentStream
 from mlxlaunch.server.images import TEXT_ONLY
 from mlxlaunch.server.responses_mapping import to_generation_request
 from mlxlaunch.server.responses_stream import ResponseStream, new_response
+from mlxlaunch.testing.builder import build_model
+from mlxlaunch.testing.templates import real_template_family
 
 slow = pytest.mark.slow  # the tests that serve a model
 
@@ -201,3 +206,76 @@ def test_a_stored_custom_call_continues_by_id(served: Served) -> None:
         tools=[NOTE],
     )
     assert second.output_text == "Done."
+
+
+@slow
+def test_a_broken_grammar_is_a_400_naming_the_field(served: Served) -> None:
+    broken = {**APPLY_PATCH, "format": {**APPLY_PATCH["format"], "definition": "start: nope"}}
+    url = served.server.url + "/v1/responses"
+    for choice in ("auto", {"type": "custom", "name": "apply_patch"}):
+        body = {"model": "m", "input": "hi", "tools": [NOTE, broken], "tool_choice": choice}
+        response = httpx.post(url, json=body)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["type"] == "invalid_request_error"
+        assert error["message"].startswith("tools[1].format.definition: ")
+        assert "'nope' is used but never defined" in error["message"]
+    too_big = {**APPLY_PATCH, "format": {**APPLY_PATCH["format"], "definition": "x" * (2 << 20)}}
+    with pytest.raises(openai.BadRequestError, match=r"tools\[0\]\.format\.definition"):
+        served.client.responses.create(
+            model="m",
+            input="hi",
+            tools=[too_big],  # type: ignore[list-item]
+            store=False,
+        )
+    unknown = {"type": "custom", "name": "t", "format": {"type": "grammar", "syntax": "ebnf"}}
+    response = httpx.post(url, json={"model": "m", "input": "hi", "tools": [unknown]})
+    assert response.status_code == 400 and "tools" in response.json()["error"]["message"]
+
+
+# Two families with different call markup: a JSON envelope (the patch JSON-escaped inside
+# the arguments object) and parameter elements (the patch raw between tags).
+SAMPLED_TEMPLATES = ["qwen3-0.6b", "qwen3-coder"]
+
+
+@pytest.fixture(scope="module", params=SAMPLED_TEMPLATES)
+def unscripted(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Served]:
+    """A random-weight model of the template's family, its output not scripted."""
+    template = FIXTURES / "chat-templates" / f"{request.param}.jinja"
+    path = build_model(
+        tmp_path_factory.mktemp(request.param), "tiny", template=real_template_family(template)
+    )
+    settings = {"threads_dir": tmp_path_factory.mktemp("threads")}
+    with serve(path, sdk="openai", settings=settings, scripted=False) as server:
+        yield server
+
+
+@slow
+def test_a_forced_custom_call_of_a_random_model_is_a_patch(unscripted: Served) -> None:
+    bounded = {**APPLY_PATCH, "format": {**APPLY_PATCH["format"], "definition": BOUNDED_LARK}}
+    for seed in range(3):
+        with unscripted.client.responses.stream(
+            model="local",
+            input="Edit a file.",
+            tools=[bounded],  # type: ignore[list-item]
+            tool_choice={"type": "custom", "name": "apply_patch"},
+            temperature=1.0,
+            max_output_tokens=400,
+            store=False,
+            extra_body={"seed": seed},
+        ) as stream:
+            events = list(stream)
+            final = stream.get_final_response()
+        assert final.status == "completed", final
+        assert final.output  # one call or more: parallel calls are on
+        for index, call in enumerate(final.output):
+            assert call.type == "custom_tool_call" and call.name == "apply_patch"
+            assert patch_hunks(call.input), call.input
+            deltas = [
+                e.delta
+                for e in events
+                if e.type == "response.custom_tool_call_input.delta" and e.output_index == index
+            ]
+            assert "".join(deltas) == call.input
