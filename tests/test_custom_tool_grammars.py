@@ -29,7 +29,7 @@ from test_tool_grammars_families import (
 from mlxlaunch.engine.decoding.input_grammar import check_input_grammar, input_rules
 from mlxlaunch.engine.runtime.mlx_lm_internals import hf_tokenizer_of
 from mlxlaunch.engine.types import InputGrammar, InvalidRequest, ToolSpec
-from mlxlaunch.server.responses_mapping import CUSTOM_TOOL_PARAMETERS
+from mlxlaunch.server.call_arguments import freeform_tool
 
 __all__ = ["models"]  # the fixture, used by name
 
@@ -115,7 +115,7 @@ def patch_hunks(text: str) -> list[tuple[str, str]]:
 
 def apply_patch_tool(definition: str = CODEX_LARK) -> ToolSpec:
     grammar = InputGrammar("lark", definition, FIELD)
-    return ToolSpec("apply_patch", "Edit files.", CUSTOM_TOOL_PARAMETERS, True, grammar)
+    return freeform_tool("apply_patch", "Edit files.", grammar)
 
 
 def codex_accepts(loaded: Loaded, text: str) -> bool:

@@ -1,6 +1,7 @@
 """Freeform `custom` tools on the Responses API (Codex's `apply_patch`): offered to the model as
 a tool with one string parameter `input`, answered as `custom_tool_call` items whose `input` is
-the raw text, streamed as `response.custom_tool_call_input.delta` pieces."""
+the raw text, streamed as `response.custom_tool_call_input.delta` pieces; and on Chat
+Completions, as `{"type": "custom", "custom": {...}}` tools and calls."""
 
 from __future__ import annotations
 
@@ -24,8 +25,11 @@ from mlxlaunch.engine.types import (
     ToolInputDelta,
     Usage,
 )
+from mlxlaunch.protocol.openai_chat import ChatCompletionRequest
 from mlxlaunch.protocol.openai_responses import ResponsesRequest
 from mlxlaunch.server.call_arguments import StringArgumentStream
+from mlxlaunch.server.chat_completions import ChatChunkStream
+from mlxlaunch.server.chat_mapping import to_generation_request as chat_request
 from mlxlaunch.server.images import TEXT_ONLY
 from mlxlaunch.server.responses_mapping import to_generation_request
 from mlxlaunch.server.responses_stream import ResponseStream, new_response
@@ -279,3 +283,99 @@ def test_a_forced_custom_call_of_a_random_model_is_a_patch(unscripted: Served) -
                 if e.type == "response.custom_tool_call_input.delta" and e.output_index == index
             ]
             assert "".join(deltas) == call.input
+
+
+# --- Chat Completions ---------------------------------------------------------------------
+
+CHAT_PATCH_TOOL: dict[str, Any] = {
+    "type": "custom",
+    "custom": {
+        "name": "apply_patch",
+        "description": "Edit files.",
+        "format": {"type": "grammar", "grammar": {"syntax": "lark", "definition": BOUNDED_LARK}},
+    },
+}
+
+
+def _chat(**body: Any) -> Any:
+    request = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], **body}
+    )
+    return chat_request(request, request_id="c", context_window=4096)
+
+
+def test_chat_custom_tools_are_offered_and_forced() -> None:
+    gen = _chat(
+        tools=[CHAT_PATCH_TOOL], tool_choice={"type": "custom", "custom": {"name": "apply_patch"}}
+    )
+    [spec] = gen.tools
+    assert spec.grammar == InputGrammar(
+        "lark", BOUNDED_LARK, "tools[0].custom.format.grammar.definition"
+    )
+    assert spec.parameters["properties"] == {"input": {"type": "string"}}
+    assert (gen.tool_choice.mode, gen.tool_choice.name) == ("tool", "apply_patch")
+
+
+def test_chat_custom_calls_in_the_history_are_their_input() -> None:
+    call = {"id": "call_1", "type": "custom", "custom": {"name": "apply_patch", "input": PATCH}}
+    gen = _chat(
+        tools=[CHAT_PATCH_TOOL],
+        messages=[
+            {"role": "user", "content": "x"},
+            {"role": "assistant", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "done"},
+        ],
+    )
+    [record] = gen.messages[1].tool_calls
+    assert (record.name, record.arguments) == ("apply_patch", {"input": PATCH})
+    with pytest.raises(ValueError, match="custom"):
+        ChatCompletionRequest.model_validate(
+            {
+                "model": "m",
+                "messages": [{"role": "assistant", "tool_calls": [{"id": "c", "type": "custom"}]}],
+            }
+        )
+
+
+def test_chat_custom_calls_stream_their_raw_input() -> None:
+    arguments = json.dumps({"input": PATCH})
+    stream = ChatChunkStream(completion_id="c", model="m", created=0, custom={"apply_patch"})
+    chunks: list[Any] = []
+    for event in (
+        Admitted("r", 10, 0, 100),
+        ToolCallStart("toolu_3", "apply_patch"),
+        ToolInputDelta("toolu_3", arguments[:20]),
+        ToolInputDelta("toolu_3", arguments[20:]),
+        ToolCallEvent("toolu_3", "apply_patch", arguments),
+        Done("tool_use", Usage(10, 0, 9)),
+    ):
+        chunks += stream.feed(event)
+    pieces = [
+        c.choices[0].delta.tool_calls[0]
+        for c in chunks
+        if c.choices and c.choices[0].delta.tool_calls
+    ]
+    assert pieces[0].type == "custom" and pieces[0].custom.name == "apply_patch"
+    assert "".join(p.custom.input or "" for p in pieces) == PATCH
+    [call] = stream.completion().choices[0].message.tool_calls or []
+    assert call.model_dump() == {
+        "id": "call_3",
+        "type": "custom",
+        "custom": {"name": "apply_patch", "input": PATCH},
+    }
+
+
+@slow
+def test_a_chat_custom_call_of_a_random_model_is_a_patch(unscripted: Served) -> None:
+    completion = unscripted.client.chat.completions.create(
+        model="local",
+        messages=[{"role": "user", "content": "Edit a file."}],
+        tools=[CHAT_PATCH_TOOL],  # type: ignore[list-item]
+        tool_choice={"type": "custom", "custom": {"name": "apply_patch"}},
+        parallel_tool_calls=False,
+        temperature=1.0,
+        max_tokens=400,
+    )
+    [call] = completion.choices[0].message.tool_calls or []
+    assert call.type == "custom" and call.custom.name == "apply_patch"
+    assert patch_hunks(call.custom.input), call.custom.input

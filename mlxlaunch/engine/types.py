@@ -15,6 +15,10 @@ from mlxlaunch.store.generation_config import NO_DEFAULTS, SamplingDefaults
 Role = Literal["system", "user", "assistant", "tool"]
 
 
+# A freeform tool's raw text is, to the model, the call's one string parameter of this name.
+FREEFORM_INPUT = "input"
+
+
 @dataclass(frozen=True)
 class InputGrammar:
     """The grammar a freeform tool's one string argument follows: Lark rules (with `start`),

@@ -15,7 +15,7 @@ import math
 import re
 from typing import Any
 
-from mlxlaunch.engine.types import InvalidRequest
+from mlxlaunch.engine.types import FREEFORM_INPUT, InputGrammar, InvalidRequest, ToolSpec
 from mlxlaunch.protocol.limits import RequestLimitError, load_request_json
 
 
@@ -61,6 +61,27 @@ def history_arguments(text: str, field: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise InvalidRequest(f"{field}: must be a JSON object")
     return value
+
+
+FREEFORM_PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {FREEFORM_INPUT: {"type": "string"}},
+    "required": [FREEFORM_INPUT],
+    "additionalProperties": False,
+}
+
+
+def freeform_tool(name: str, description: str, grammar: InputGrammar | None) -> ToolSpec:
+    """A freeform (`custom`) tool as the model sees it: one string parameter, `input`, whose
+    text follows `grammar` (strict, so calls follow it under any tool choice)."""
+    return ToolSpec(name, description, FREEFORM_PARAMETERS, grammar is not None, grammar)
+
+
+def freeform_input(arguments: str) -> str:
+    """A freeform tool call's raw text from the engine's arguments: the `input` string (the
+    JSON `arguments` themselves when the model wrote something else)."""
+    value = (model_arguments(arguments) or {}).get(FREEFORM_INPUT)
+    return value if isinstance(value, str) else arguments
 
 
 _STRING_START = re.compile(r'\{\s*"(?P<key>[^"\\]*)"\s*:\s*"')

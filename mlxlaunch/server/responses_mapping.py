@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlxlaunch.engine.types import (
+    FREEFORM_INPUT,
     ChatMessage,
     GenerationRequest,
     InputGrammar,
@@ -56,7 +57,7 @@ from mlxlaunch.protocol.openai_responses import (
     ToolChoiceCustom,
     ToolChoiceFunction,
 )
-from mlxlaunch.server.call_arguments import history_arguments
+from mlxlaunch.server.call_arguments import freeform_tool, history_arguments
 from mlxlaunch.server.images import TEXT_ONLY, ImageAccess, ImageCheck, url_image
 
 log = logging.getLogger("mlxlaunch.server")
@@ -69,14 +70,6 @@ DEFAULT_MAX_OUTPUT_TOKENS = 32_768
 # The model sees a `local_shell_call` as a call of this tool, with the arguments of Codex's
 # own function-style shell tool (command, workdir, timeout_ms).
 LOCAL_SHELL_TOOL = "shell"
-# A freeform custom tool's raw-text input is, to the model, the call's one string argument.
-CUSTOM_TOOL_INPUT = "input"
-CUSTOM_TOOL_PARAMETERS: dict[str, Any] = {
-    "type": "object",
-    "properties": {CUSTOM_TOOL_INPUT: {"type": "string"}},
-    "required": [CUSTOM_TOOL_INPUT],
-    "additionalProperties": False,
-}
 # Items whose whole content is another server's encryption: dropping one would silently lose
 # the conversation it stands for.
 _SEALED_ITEMS = ("compaction", "compaction_summary")
@@ -163,26 +156,11 @@ def _spec(name: str, tool: FunctionTool) -> ToolSpec:
 
 
 def _custom_spec(index: int, tool: CustomTool) -> ToolSpec:
-    """A custom tool as the model sees it: one string parameter, `input`, whose text follows
-    the tool's grammar (strict, so calls follow it under any tool choice)."""
     fmt = tool.format
     grammar = None
     if isinstance(fmt, GrammarInputFormat):
         grammar = InputGrammar(fmt.syntax, fmt.definition, f"tools[{index}].format.definition")
-    return ToolSpec(
-        name=tool.name,
-        description=tool.description or "",
-        parameters=CUSTOM_TOOL_PARAMETERS,
-        strict=grammar is not None,
-        grammar=grammar,
-    )
-
-
-def custom_input(arguments: dict[str, Any] | None, text: str) -> str:
-    """A custom tool call's raw input from the engine's arguments: the `input` string (the
-    JSON `text` of the arguments when the model wrote something else)."""
-    value = (arguments or {}).get(CUSTOM_TOOL_INPUT)
-    return value if isinstance(value, str) else text
+    return freeform_tool(tool.name, tool.description or "", grammar)
 
 
 def to_generation_request(
@@ -273,7 +251,7 @@ class _Conversation:
             self._function_output(index, item)
         elif isinstance(item, CustomToolCallItem):
             name = self.names.for_model(None, item.name)
-            self._call(item.call_id, name, {CUSTOM_TOOL_INPUT: item.input})
+            self._call(item.call_id, name, {FREEFORM_INPUT: item.input})
         elif isinstance(item, CustomToolCallOutputItem):
             output = self._text(f"input.{index}.output", item.output, in_tool_result=True)
             self._output(index, item.call_id, output, "custom_tool_call")

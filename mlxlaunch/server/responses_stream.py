@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from mlxlaunch.engine.types import (
+    FREEFORM_INPUT,
     Admitted,
     Done,
     EngineEvent,
@@ -59,13 +60,8 @@ from mlxlaunch.protocol.openai_responses import (
     TextDeltaEvent,
     TextDoneEvent,
 )
-from mlxlaunch.server.call_arguments import StringArgumentStream, model_arguments
-from mlxlaunch.server.responses_mapping import (
-    CUSTOM_TOOL_INPUT,
-    ToolNames,
-    client_call_id,
-    custom_input,
-)
+from mlxlaunch.server.call_arguments import StringArgumentStream, freeform_input, model_arguments
+from mlxlaunch.server.responses_mapping import ToolNames, client_call_id
 
 log = logging.getLogger("mlxlaunch.server")
 
@@ -223,7 +219,7 @@ class ResponseStream:
         call_id = client_call_id(engine_id)
         if model_name in self._names.custom:
             self._add(out, OutputCustomToolCall(id=_item_id("ctc"), call_id=call_id, name=name))
-            self._input = StringArgumentStream(CUSTOM_TOOL_INPUT)
+            self._input = StringArgumentStream(FREEFORM_INPUT)
         else:
             call = OutputFunctionCall(
                 id=_item_id("fc"), call_id=call_id, name=name, namespace=namespace
@@ -272,7 +268,7 @@ class ResponseStream:
             self._open_call(out, event.id, event.name)
         call = self._open
         if isinstance(call, OutputCustomToolCall):
-            text = custom_input(model_arguments(event.arguments), event.arguments)
+            text = freeform_input(event.arguments)
             if text.startswith(call.input):
                 self._input_text(out, call, text[len(call.input) :])
             else:  # the streamed pieces read otherwise than the whole: the whole is the call

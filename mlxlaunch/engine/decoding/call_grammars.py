@@ -44,12 +44,16 @@ from mlxlaunch.engine.decoding.schema_refs import (
     required_first,
     string_only,
 )
-from mlxlaunch.engine.types import InputGrammar, InvalidRequest, ToolChoice, ToolSpec
+from mlxlaunch.engine.types import (
+    FREEFORM_INPUT,
+    InputGrammar,
+    InvalidRequest,
+    ToolChoice,
+    ToolSpec,
+)
 from mlxlaunch.store.dialects import IdStyle, JsonEnvelope, ParamElements, ValueTyping
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
-# The one parameter a freeform tool's raw text is, to the model.
-FREEFORM_INPUT = "input"
 # A parameter name in an open object (a tool without declared parameters).
 KEY_PATTERN = "/[A-Za-z_][A-Za-z0-9_.-]{0,63}/"
 # String bounds above this are not worth a counted regex (no output gets that long).
