@@ -80,24 +80,31 @@ class FunctionCall(WireModel):
     arguments: StrictStr = ""  # JSON text of the arguments object, as the model wrote it
 
 
+class OfItsType(WireModel):
+    """A wire object whose `type` ("function" or "custom") names the field that must hold
+    its definition (other types hold none)."""
+
+    type: str
+
+    @model_validator(mode="after")
+    def _has_its_kind(self) -> OfItsType:
+        if self.type in ("function", "custom") and getattr(self, self.type, None) is None:
+            raise ValueError(f"{self.type}: Field required")
+        return self
+
+
 class CustomCall(WireModel):
     name: Name
     input: StrictStr
 
 
-class ToolCall(WireModel):
+class ToolCall(OfItsType):
     """A call of the assistant's: a function's (`function`) or a custom tool's (`custom`)."""
 
     id: Name
     type: Literal["function", "custom"] = "function"
     function: FunctionCall | None = None
     custom: CustomCall | None = None
-
-    @model_validator(mode="after")
-    def _has_its_kind(self) -> ToolCall:
-        if getattr(self, self.type) is None:
-            raise ValueError(f"{self.type}: Field required")
-        return self
 
 
 class SystemMessage(WireModel):
@@ -171,7 +178,7 @@ class CustomDefinition(WireModel):
     format: Annotated[GrammarFormat | FreeTextFormat, Field(discriminator="type")] | None = None
 
 
-class ChatTool(WireModel):
+class ChatTool(OfItsType):
     """A tool. `function` and `custom` tools are offered; other types (hosted tools) are
     accepted and ignored."""
 
@@ -183,30 +190,18 @@ class ChatTool(WireModel):
     def is_function(self) -> bool:
         return self.type == "function"
 
-    @model_validator(mode="after")
-    def _have_a_definition(self) -> ChatTool:
-        if self.type in ("function", "custom") and getattr(self, self.type) is None:
-            raise ValueError(f"{self.type}: Field required")
-        return self
-
 
 class NamedFunction(WireModel):
     name: NonEmptyStr
 
 
-class NamedToolChoice(WireModel):
+class NamedToolChoice(OfItsType):
     """A named tool: `{"type": "function", "function": {"name"}}`, or a custom tool's
     `{"type": "custom", "custom": {"name"}}`."""
 
     type: Literal["function", "custom"]
     function: NamedFunction | None = None
     custom: NamedFunction | None = None
-
-    @model_validator(mode="after")
-    def _names_one(self) -> NamedToolChoice:
-        if getattr(self, self.type) is None:
-            raise ValueError(f"{self.type}: Field required")
-        return self
 
     @property
     def name(self) -> str:

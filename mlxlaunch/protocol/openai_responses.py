@@ -577,8 +577,9 @@ class TextDoneEvent(StreamEvent):
     logprobs: list[Any] = Field(default_factory=list)
 
 
-class ArgumentsDeltaEvent(StreamEvent):
-    """response.function_call_arguments.delta."""
+class ItemDeltaEvent(StreamEvent):
+    """response.function_call_arguments.delta, response.custom_tool_call_input.delta: the
+    next piece of a call's arguments or of a custom call's raw input."""
 
     item_id: str
     output_index: int
@@ -592,14 +593,6 @@ class ArgumentsDoneEvent(StreamEvent):
     output_index: int
     name: str
     arguments: str
-
-
-class CustomInputDeltaEvent(StreamEvent):
-    """response.custom_tool_call_input.delta."""
-
-    item_id: str
-    output_index: int
-    delta: str
 
 
 class CustomInputDoneEvent(StreamEvent):

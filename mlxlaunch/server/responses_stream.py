@@ -34,13 +34,12 @@ from mlxlaunch.engine.types import (
 from mlxlaunch.engine.types import Usage as EngineUsage
 from mlxlaunch.protocol.limits import shown
 from mlxlaunch.protocol.openai_responses import (
-    ArgumentsDeltaEvent,
     ArgumentsDoneEvent,
     ContentPartEvent,
-    CustomInputDeltaEvent,
     CustomInputDoneEvent,
     IncompleteDetails,
     InputTokensDetails,
+    ItemDeltaEvent,
     OutputCustomToolCall,
     OutputFunctionCall,
     OutputItem,
@@ -237,29 +236,16 @@ class ResponseStream:
         assert isinstance(call, OutputFunctionCall)
         call.arguments += piece
         self._streamed = True
-        self._emit(
-            out,
-            ArgumentsDeltaEvent(
-                type="response.function_call_arguments.delta",
-                item_id=call.id,
-                output_index=self._index,
-                delta=piece,
-            ),
-        )
+        self._item_delta(out, "response.function_call_arguments.delta", call.id, piece)
 
     def _input_text(self, out: list[StreamEvent], call: OutputCustomToolCall, text: str) -> None:
-        if not text:
-            return
-        call.input += text
-        self._emit(
-            out,
-            CustomInputDeltaEvent(
-                type="response.custom_tool_call_input.delta",
-                item_id=call.id,
-                output_index=self._index,
-                delta=text,
-            ),
-        )
+        if text:
+            call.input += text
+            self._item_delta(out, "response.custom_tool_call_input.delta", call.id, text)
+
+    def _item_delta(self, out: list[StreamEvent], kind: str, item_id: str, piece: str) -> None:
+        delta = ItemDeltaEvent(type=kind, item_id=item_id, output_index=self._index, delta=piece)
+        self._emit(out, delta)
 
     def _end_call(self, out: list[StreamEvent], event: ToolCallEvent) -> None:
         """A call ends: one that streamed closes; one that arrives whole is sent as one delta."""

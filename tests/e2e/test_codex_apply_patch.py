@@ -13,11 +13,10 @@ and sends the result back as a `custom_tool_call_output`, which the next turn re
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
-from e2e.launching import launch_argv, launch_env, run_launch
+from e2e.launching import git_work, launch_argv, launch_env, run_launch
 from scripted_mlx import scripted_mlx_command, write_script
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -28,10 +27,7 @@ PATCH = '*** Begin Patch\n*** Add File: proof.txt\n+patched by "apply_patch"\n**
 def test_codex_edits_a_file_through_freeform_apply_patch(
     tmp_path: Path, real_codex: Path, small_model_dir: Path
 ) -> None:
-    work = tmp_path / "work"
-    work.mkdir()
-    subprocess.run(["git", "init", "-q", str(work)], check=True)
-    (tmp_path / "user").mkdir()
+    work = git_work(tmp_path)
     call = {"name": "apply_patch", "arguments": {"input": PATCH}}
     tool_turn = f"</think>\n\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
     final = "The file is patched."
