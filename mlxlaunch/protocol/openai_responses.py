@@ -8,6 +8,10 @@ with a log note; what would change the output if misread is strict (roles, a fun
 
 Responses, output items, usage, stream events and the error envelope are the shapes the
 official SDK and Codex read; every stream event carries `type` and `sequence_number`.
+
+Why over 600 lines: it is the whole of one API's wire, each item type in its input form and
+its output form (messages, function calls, custom tool calls, reasoning) and each stream
+event, flat declarations with no logic; split, the halves would import each other's items.
 """
 
 from __future__ import annotations
