@@ -46,6 +46,11 @@ _UNESCAPED = r"[^\u0022\u005c\u0000-\u001f]"  # what a JSON string holds as it i
 # Characters tried to tell whether a class holds any character a JSON string keeps as is.
 _PROBES = [chr(c) for c in range(0x20, 0x7F)] + ["\u00a0", "é", "\u4e00", "\U0001f600"]
 
+# Distinct character classes one grammar may use: each is a lexeme of its own, which the JSON
+# escape writes as about 40 alternatives (a 1 MiB grammar of `/[a]/ | /[b]/ | …` would be
+# 100 MB of rules otherwise).
+MAX_CHARACTER_CLASSES = 1_000
+
 # `%import common.NAME`: Lark's common terminals a tool grammar is likely to use.
 COMMON_TERMINALS = {
     "LF": r"\n",
@@ -125,7 +130,7 @@ def check_input_grammar(grammar: InputGrammar) -> None:
         raise InvalidRequest(f"{grammar.field}: {problem}")
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=16)
 def _problem(syntax: str, definition: str) -> str:
     """What is wrong with a grammar ("" for nothing), remembered: Codex sends the same one
     with every request."""
@@ -138,7 +143,7 @@ def _problem(syntax: str, definition: str) -> str:
     return f"the grammar does not compile: {error.strip()}" if error else ""
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=16)
 def _rewritten(syntax: str, definition: str, prefix: str, escaped: bool) -> InputRules:
     patterns = _Writer(prefix, escaped)
     if syntax == "regex":
@@ -146,9 +151,10 @@ def _rewritten(syntax: str, definition: str, prefix: str, escaped: bool) -> Inpu
         start = f"{prefix}_start"
         patterns.lines.append(f"{start}: {patterns.regex(definition, 0)}")
     else:
-        regexes = [t.text for t in _tokens(definition) if t.kind == "regex"]
-        check_grammar_text(definition, regexes)
-        start = _LarkReader(patterns).read(definition)
+        check_grammar_text(definition, [])  # the size, before a token is read
+        tokens = list(_tokens(definition))
+        check_grammar_text(definition, [t.text for t in tokens if t.kind == "regex"])
+        start = _LarkReader(patterns).read(tokens)
     return InputRules(start, patterns.text())
 
 
@@ -214,6 +220,11 @@ class _Writer:
         name = self.classes.get(source)
         if name is not None:
             return name
+        if len(self.classes) >= MAX_CHARACTER_CLASSES:
+            raise GrammarError(
+                f"more than {MAX_CHARACTER_CLASSES} distinct character classes, too many to "
+                "constrain output"
+            )
         name = f"{self.prefix.upper()}C{len(self.classes)}"
         self.classes[source] = name
         if not self.escaped:
@@ -343,8 +354,8 @@ class _LarkReader:
         self.defined: set[str] = set()
         self.used: dict[str, int] = {}  # name → line of its first use
 
-    def read(self, definition: str) -> str:
-        for statement in _statements(list(_tokens(definition))):
+    def read(self, tokens: list[_Token]) -> str:
+        for statement in _statements(tokens):
             self._statement(statement)
         missing = sorted(set(self.used) - self.defined, key=self.used.__getitem__)
         if missing:
@@ -485,6 +496,8 @@ class _LarkReader:
 def _string_value(token: _Token) -> tuple[str, bool]:
     insensitive = token.text.endswith("i")
     quoted = token.text[:-1] if insensitive else token.text
+    if "\\" not in quoted:
+        return quoted[1:-1], insensitive
     try:
         value = ast.literal_eval(quoted)
     except (ValueError, SyntaxError) as exc:
