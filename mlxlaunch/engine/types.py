@@ -16,14 +16,32 @@ from mlxlaunch.store.generation_config import NO_DEFAULTS, SamplingDefaults
 Role = Literal["system", "user", "assistant", "tool"]
 
 
+# A freeform tool's raw text is, to the model, the call's one string parameter of this name.
+FREEFORM_INPUT = "input"
+
+
+@dataclass(frozen=True)
+class InputGrammar:
+    """The grammar a freeform tool's one string argument follows: Lark rules (with `start`),
+    or one regular expression; `field` names where the client put it, for errors."""
+
+    syntax: Literal["lark", "regex"]
+    definition: str
+    field: str = "grammar"
+
+
 @dataclass(frozen=True)
 class ToolSpec:
-    """A tool offered to the model: name, description and JSON schema of its arguments."""
+    """A tool offered to the model: name, description and JSON schema of its arguments.
+
+    A freeform tool (raw text in, such as Codex's `apply_patch`) is a tool with one string
+    parameter whose text follows `grammar`, where the model's call syntax allows it."""
 
     name: str
     description: str
     parameters: dict[str, Any]
     strict: bool = False
+    grammar: InputGrammar | None = None
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,10 @@ of `GET /v1/models`, and OpenAI's error envelope.
 Requests are lenient in the same way as the Anthropic ones (protocol/requests.py): unknown
 fields are ignored (clients send `user`, `metadata`, `store`, `logprobs`, penalties, …), while
 what would change the output is checked: `model`, `messages`, each message's role and content
-parts, token counts, sampling ranges, `n` (only 1 is served). Tools of a type other than
-`function` are accepted and not offered (the mapping logs a note), as peers do.
+parts, token counts, sampling ranges, `n` (only 1 is served). `function` and `custom`
+(freeform) tools are offered; hosted tool types are accepted and not offered (the mapping
+logs a note), as peers do. A custom tool's call is `{"type": "custom", "custom": {"name",
+"input"}}`, in the history, the answer and (one `custom.input` piece each) the stream.
 
 Answers are pydantic models too, dumped as the OpenAI SDK reads them: `content: null` and
 `finish_reason: null` where OpenAI sends them, absent fields absent in stream deltas.
@@ -78,10 +80,31 @@ class FunctionCall(WireModel):
     arguments: StrictStr = ""  # JSON text of the arguments object, as the model wrote it
 
 
-class ToolCall(WireModel):
+class OfItsType(WireModel):
+    """A wire object whose `type` ("function" or "custom") names the field that must hold
+    its definition (other types hold none)."""
+
+    type: str
+
+    @model_validator(mode="after")
+    def _has_its_kind(self) -> OfItsType:
+        if self.type in ("function", "custom") and getattr(self, self.type, None) is None:
+            raise ValueError(f"{self.type}: Field required")
+        return self
+
+
+class CustomCall(WireModel):
+    name: Name
+    input: StrictStr
+
+
+class ToolCall(OfItsType):
+    """A call of the assistant's: a function's (`function`) or a custom tool's (`custom`)."""
+
     id: Name
-    type: Literal["function"] = "function"
-    function: FunctionCall
+    type: Literal["function", "custom"] = "function"
+    function: FunctionCall | None = None
+    custom: CustomCall | None = None
 
 
 class SystemMessage(WireModel):
@@ -133,31 +156,58 @@ class FunctionDefinition(WireModel):
     strict: bool | None = None
 
 
-class ChatTool(WireModel):
-    """A tool. Only `function` tools are offered; other types (`custom`, hosted tools) are
+class GrammarDefinition(WireModel):
+    definition: StrictStr
+    syntax: Literal["lark", "regex"]
+
+
+class GrammarFormat(WireModel):
+    type: Literal["grammar"]
+    grammar: GrammarDefinition
+
+
+class FreeTextFormat(WireModel):
+    type: Literal["text"]
+
+
+class CustomDefinition(WireModel):
+    """A freeform tool: called with raw text (its grammar's, when it has one)."""
+
+    name: Name
+    description: str = ""
+    format: Annotated[GrammarFormat | FreeTextFormat, Field(discriminator="type")] | None = None
+
+
+class ChatTool(OfItsType):
+    """A tool. `function` and `custom` tools are offered; other types (hosted tools) are
     accepted and ignored."""
 
     type: NonEmptyStr
     function: FunctionDefinition | None = None
+    custom: CustomDefinition | None = None
 
     @property
     def is_function(self) -> bool:
         return self.type == "function"
-
-    @model_validator(mode="after")
-    def _functions_have_a_definition(self) -> ChatTool:
-        if self.is_function and self.function is None:
-            raise ValueError("function: Field required")
-        return self
 
 
 class NamedFunction(WireModel):
     name: NonEmptyStr
 
 
-class NamedToolChoice(WireModel):
-    type: Literal["function"]
-    function: NamedFunction
+class NamedToolChoice(OfItsType):
+    """A named tool: `{"type": "function", "function": {"name"}}`, or a custom tool's
+    `{"type": "custom", "custom": {"name"}}`."""
+
+    type: Literal["function", "custom"]
+    function: NamedFunction | None = None
+    custom: NamedFunction | None = None
+
+    @property
+    def name(self) -> str:
+        named = self.function if self.type == "function" else self.custom
+        assert named is not None
+        return named.name
 
 
 ToolChoiceOption = Literal["none", "auto", "required"] | NamedToolChoice
@@ -276,10 +326,18 @@ class FunctionCallOut(BaseModel):
     arguments: str  # JSON text of an object
 
 
+class CustomCallOut(BaseModel):
+    name: str
+    input: str  # the raw text the model wrote
+
+
 class ToolCallOut(BaseModel):
+    """A call: a function's, or a custom tool's (`type` "custom", `custom` set)."""
+
     id: str
-    type: Literal["function"] = "function"
-    function: FunctionCallOut
+    type: Literal["function", "custom"] = "function"
+    function: FunctionCallOut | None = Field(default=None, exclude_if=lambda v: v is None)
+    custom: CustomCallOut | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class AssistantOut(BaseModel):
@@ -324,13 +382,20 @@ class FunctionDelta(BaseModel):
     arguments: str | None = None
 
 
+class CustomDelta(BaseModel):
+    name: str | None = None
+    input: str | None = None
+
+
 class ToolCallDelta(BaseModel):
-    """One call's piece: `id`, `type` and the name come once, with the call's first piece."""
+    """One call's piece: `id`, `type` and the name come once, with the call's first piece;
+    a custom tool's call streams its raw input under `custom`."""
 
     index: int
     id: str | None = None
-    type: Literal["function"] | None = None
+    type: Literal["function", "custom"] | None = None
     function: FunctionDelta | None = None
+    custom: CustomDelta | None = None
 
 
 class ChoiceDelta(BaseModel):

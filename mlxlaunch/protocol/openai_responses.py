@@ -1,18 +1,20 @@
 """Wire types of OpenAI's Responses API (`POST /v1/responses`), what Codex CLI speaks.
 
 Requests are lenient as Codex needs: unknown fields, unknown input-item types and unknown
-tool types (`custom`, `local_shell`, …) are accepted and dropped by the mapping
+tool types (`local_shell`, …) are accepted and dropped by the mapping
 with a log note; what would change the output if misread is strict (roles, a function call's
 `call_id`/`name`/`arguments`, a function call output's `call_id`). A `namespace` tool (Codex
 0.171 puts its sub-agent tools in one) holds function tools, which are served flattened.
 
 Responses, output items, usage, stream events and the error envelope are the shapes the
 official SDK and Codex read; every stream event carries `type` and `sequence_number`. The
-hosted `web_search` tool is served (server/web_search.py): its call is a `web_search_call`.
+hosted `web_search` tool is served (server/web_search.py): its call is a `web_search_call`;
+a `custom` (freeform) tool's call is a `custom_tool_call` with raw text.
 
-Why over 600 lines: this is one API's whole wire vocabulary (request, items, tools, the
-response, its stream events), each type a few lines; the discriminated unions name members
-from every part, so a split would only spread one vocabulary over modules that import it all.
+Why over 600 lines: it is the whole of one API's wire, each item type in its input form and
+its output form (messages, function calls, custom tool calls, web searches, reasoning) and
+each stream event, flat declarations with no logic; the discriminated unions name members
+from every part, so split, the halves would import each other's items.
 """
 
 from __future__ import annotations
@@ -248,8 +250,34 @@ class FunctionTool(ResponsesWire):
     strict: bool | None = None
 
 
+class GrammarInputFormat(ResponsesWire):
+    """A custom tool's input follows this grammar: Lark rules or one regular expression."""
+
+    type: Literal["grammar"]
+    syntax: Literal["lark", "regex"]
+    definition: Annotated[str, Field(strict=True)]
+
+
+class TextInputFormat(ResponsesWire):
+    """A custom tool's input is free text."""
+
+    type: Literal["text"]
+
+
+CustomToolFormat = Annotated[GrammarInputFormat | TextInputFormat, Field(discriminator="type")]
+
+
+class CustomTool(ResponsesWire):
+    """A freeform tool (Codex's `apply_patch`): called with raw text, not JSON arguments."""
+
+    type: Literal["custom"]
+    name: limits.Name
+    description: str | None = None
+    format: CustomToolFormat | None = None
+
+
 class OtherTool(ResponsesWire):
-    """A hosted or custom tool (`custom`, `local_shell`, …): not served."""
+    """A hosted tool (`local_shell`, …): not served."""
 
     type: str = ""
 
@@ -280,7 +308,7 @@ def _tool_kind(value: Any) -> str:
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
     if kind in WEB_SEARCH_TOOL_TYPES:
         return "web_search"
-    return kind if kind in ("function", "namespace") else "other"
+    return kind if kind in ("function", "namespace", "custom") else "other"
 
 
 NamespaceMember = Annotated[
@@ -303,6 +331,7 @@ class NamespaceTool(ResponsesWire):
 ResponsesTool = Annotated[
     Annotated[FunctionTool, Tag("function")]
     | Annotated[NamespaceTool, Tag("namespace")]
+    | Annotated[CustomTool, Tag("custom")]
     | Annotated[WebSearchTool, Tag("web_search")]
     | Annotated[OtherTool, Tag("other")],
     Discriminator(_tool_kind),
@@ -314,6 +343,11 @@ class ToolChoiceFunction(ResponsesWire):
     name: limits.NameOrEmpty
 
 
+class ToolChoiceCustom(ResponsesWire):
+    type: Literal["custom"]
+    name: limits.NameOrEmpty
+
+
 class ToolChoiceOther(ResponsesWire):
     """`allowed_tools`, a hosted tool type, …: served as `auto`."""
 
@@ -321,8 +355,10 @@ class ToolChoiceOther(ResponsesWire):
 
 
 ToolChoiceObject = Annotated[
-    Annotated[ToolChoiceFunction, Tag("function")] | Annotated[ToolChoiceOther, Tag("other")],
-    _tag(("function",), "other"),
+    Annotated[ToolChoiceFunction, Tag("function")]
+    | Annotated[ToolChoiceCustom, Tag("custom")]
+    | Annotated[ToolChoiceOther, Tag("other")],
+    _tag(("function", "custom"), "other"),
 ]
 
 
@@ -444,6 +480,17 @@ class OutputFunctionCall(OutputWire):
     namespace: str | None = None
 
 
+class OutputCustomToolCall(OutputWire):
+    """A call of a freeform tool: `input` is the raw text the model wrote."""
+
+    type: Literal["custom_tool_call"] = "custom_tool_call"
+    id: str
+    call_id: str
+    name: str
+    input: str = ""
+    status: str = "in_progress"
+
+
 class SummaryPart(OutputWire):
     type: Literal["summary_text"] = "summary_text"
     text: str = ""
@@ -476,7 +523,13 @@ class OutputWebSearchCall(OutputWire):
     action: SearchAction = Field(default_factory=SearchAction)
 
 
-OutputItem = OutputMessage | OutputFunctionCall | OutputReasoning | OutputWebSearchCall
+OutputItem = (
+    OutputMessage
+    | OutputFunctionCall
+    | OutputCustomToolCall
+    | OutputReasoning
+    | OutputWebSearchCall
+)
 
 
 class InputTokensDetails(BaseModel):
@@ -594,8 +647,9 @@ class WebSearchCallEvent(StreamEvent):
     output_index: int
 
 
-class ArgumentsDeltaEvent(StreamEvent):
-    """response.function_call_arguments.delta."""
+class ItemDeltaEvent(StreamEvent):
+    """response.function_call_arguments.delta, response.custom_tool_call_input.delta: the
+    next piece of a call's arguments or of a custom call's raw input."""
 
     item_id: str
     output_index: int
@@ -609,6 +663,14 @@ class ArgumentsDoneEvent(StreamEvent):
     output_index: int
     name: str
     arguments: str
+
+
+class CustomInputDoneEvent(StreamEvent):
+    """response.custom_tool_call_input.done."""
+
+    item_id: str
+    output_index: int
+    input: str
 
 
 class SummaryPartEvent(StreamEvent):

@@ -29,6 +29,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from mlxlaunch.engine.types import (
+    FREEFORM_INPUT,
     Admitted,
     Done,
     EngineEvent,
@@ -53,6 +54,8 @@ from mlxlaunch.protocol.openai_chat import (
     ChoiceDelta,
     ChunkChoice,
     CompletionUsage,
+    CustomCallOut,
+    CustomDelta,
     FinishReason,
     FunctionCallOut,
     FunctionDelta,
@@ -63,7 +66,8 @@ from mlxlaunch.protocol.openai_chat import (
 from mlxlaunch.server.auth import Guard
 from mlxlaunch.server.blocks import tool_input
 from mlxlaunch.server.bodies import parse_body
-from mlxlaunch.server.chat_mapping import client_call_id, to_generation_request
+from mlxlaunch.server.call_arguments import StringArgumentStream, freeform_input
+from mlxlaunch.server.chat_mapping import client_call_id, custom_names, to_generation_request
 from mlxlaunch.server.errors import ApiError
 from mlxlaunch.server.openai_errors import (
     in_openai_envelope,
@@ -160,6 +164,9 @@ class _Call:
     id: str  # the client's `call_…` id
     name: str
     pieces: list[str] = field(default_factory=list)  # the arguments as streamed
+    # A custom tool's call: its raw input, decoded from the arguments as they stream.
+    text: StringArgumentStream | None = None
+    streamed: str = ""  # the raw input sent so far
 
 
 class ChatChunkStream:
@@ -170,11 +177,19 @@ class ChatChunkStream:
         model: the model id the client asked for (echoed back).
         created: Unix seconds, the same on every chunk.
         include_usage: end the stream with the usage chunk (`stream_options.include_usage`).
+        custom: the names of the custom tools, whose calls carry raw text (`custom.input`).
     """
 
     def __init__(
-        self, *, completion_id: str, model: str, created: int, include_usage: bool = False
+        self,
+        *,
+        completion_id: str,
+        model: str,
+        created: int,
+        include_usage: bool = False,
+        custom: set[str] | None = None,
     ) -> None:
+        self.custom = custom or set()
         self.completion_id = completion_id
         self.model = model
         self.created = created
@@ -214,10 +229,9 @@ class ChatChunkStream:
             index = self._open_call.get(event.id)
             if index is not None and event.partial_json:
                 self._calls[index].pieces.append(event.partial_json)
-                piece = ToolCallDelta(
-                    index=index, function=FunctionDelta(arguments=event.partial_json)
-                )
-                out.append(self._chunk(ChoiceDelta(tool_calls=[piece])))
+                piece = self._piece(index, event.partial_json)
+                if piece is not None:
+                    out.append(self._chunk(ChoiceDelta(tool_calls=[piece])))
         elif isinstance(event, ToolCallEvent):
             out.extend(self._end_call(event))
         elif isinstance(event, Done):
@@ -234,14 +248,28 @@ class ChatChunkStream:
             self.started = True
             out.append(self._chunk(ChoiceDelta(role="assistant", content="")))
 
+    def _piece(self, index: int, arguments: str) -> ToolCallDelta | None:
+        """The delta of the next piece of call `index`'s arguments (None: nothing to send)."""
+        call = self._calls[index]
+        if call.text is None:
+            return ToolCallDelta(index=index, function=FunctionDelta(arguments=arguments))
+        text = call.text.feed(arguments)
+        call.streamed += text
+        return ToolCallDelta(index=index, custom=CustomDelta(input=text)) if text else None
+
     def _begin_call(self, engine_id: str, name: str, arguments: str) -> ChatCompletionChunk:
         index = len(self._calls)
-        self._calls.append(_Call(client_call_id(engine_id), name, [arguments] if arguments else []))
+        call = _Call(client_call_id(engine_id), name, [arguments] if arguments else [])
+        self._calls.append(call)
         self._open_call = {engine_id: index}
-        function = FunctionDelta(name=name, arguments=arguments)
-        first = ToolCallDelta(
-            index=index, id=self._calls[index].id, type="function", function=function
-        )
+        if name in self.custom:
+            call.text = StringArgumentStream(FREEFORM_INPUT)
+            call.streamed = freeform_input(arguments) if arguments else ""
+            custom = CustomDelta(name=name, input=call.streamed)
+            first = ToolCallDelta(index=index, id=call.id, type="custom", custom=custom)
+        else:
+            function = FunctionDelta(name=name, arguments=arguments)
+            first = ToolCallDelta(index=index, id=call.id, type="function", function=function)
         return self._chunk(ChoiceDelta(tool_calls=[first]))
 
     def _end_call(self, event: ToolCallEvent) -> list[ChatCompletionChunk]:
@@ -254,6 +282,14 @@ class ChatChunkStream:
         if index is None:
             return [self._begin_call(event.id, event.name, arguments)]
         call = self._calls[index]
+        if call.text is not None:  # a custom call sends what its pieces did not
+            rest = freeform_input(event.arguments).removeprefix(call.streamed)
+            call.pieces[:] = [event.arguments]
+            if not rest:
+                return []
+            call.streamed += rest
+            piece = ToolCallDelta(index=index, custom=CustomDelta(input=rest))
+            return [self._chunk(ChoiceDelta(tool_calls=[piece]))]
         if call.pieces:
             return []
         call.pieces.append(arguments)
@@ -276,22 +312,21 @@ class ChatChunkStream:
             usage=usage,
         )
 
+    def _call_out(self, call: _Call) -> ToolCallOut:
+        arguments = "".join(call.pieces)
+        if call.name in self.custom:
+            custom = CustomCallOut(name=call.name, input=freeform_input(arguments))
+            return ToolCallOut(id=call.id, type="custom", custom=custom)
+        normalised = json.dumps(
+            tool_input(arguments, call.name), ensure_ascii=False, separators=(",", ":")
+        )
+        return ToolCallOut(
+            id=call.id, function=FunctionCallOut(name=call.name, arguments=normalised)
+        )
+
     def completion(self) -> ChatCompletion:
         """The reduction of every chunk so far: the non-streaming answer."""
-        calls = [
-            ToolCallOut(
-                id=call.id,
-                function=FunctionCallOut(
-                    name=call.name,
-                    arguments=json.dumps(
-                        tool_input("".join(call.pieces), call.name),
-                        ensure_ascii=False,
-                        separators=(",", ":"),
-                    ),
-                ),
-            )
-            for call in self._calls
-        ]
+        calls = [self._call_out(call) for call in self._calls]
         content = "".join(self._content)
         message = AssistantOut(
             content=content if content or not calls else None,
@@ -369,6 +404,7 @@ class ChatCompletionsApi:
             model=body.model,
             created=int(time.time()),
             include_usage=body.include_usage,
+            custom=custom_names(body.tools or []),
         )
         record = RequestLog(completion_id, body.model, time.monotonic())
         generation = await submit(

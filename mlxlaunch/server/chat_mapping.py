@@ -21,8 +21,10 @@ from typing import Any
 
 from mlxlaunch.engine.tool_ids import ENCODED_PREFIX
 from mlxlaunch.engine.types import (
+    FREEFORM_INPUT,
     ChatMessage,
     GenerationRequest,
+    InputGrammar,
     InvalidRequest,
     Sampling,
     ToolCallRecord,
@@ -35,7 +37,9 @@ from mlxlaunch.protocol.openai_chat import (
     AudioPart,
     ChatCompletionRequest,
     ChatTool,
+    CustomDefinition,
     FilePart,
+    GrammarFormat,
     ImageUrlPart,
     JsonObjectFormat,
     JsonSchemaFormat,
@@ -45,11 +49,12 @@ from mlxlaunch.protocol.openai_chat import (
     RefusalPart,
     SystemMessage,
     TextPart,
+    ToolCall,
     ToolMessage,
     UserMessage,
 )
 from mlxlaunch.protocol.responses import ModelEntry
-from mlxlaunch.server.call_arguments import history_arguments
+from mlxlaunch.server.call_arguments import freeform_tool, history_arguments
 from mlxlaunch.server.images import TEXT_ONLY, ImageAccess, ImageCheck, url_image
 from mlxlaunch.server.mapping import BLOCK_SEPARATOR
 
@@ -165,9 +170,12 @@ def to_generation_request(
 
 
 def offered_tools(tools: Iterable[ChatTool], request_id: str) -> list[ToolSpec]:
-    """The function tools; other tool types are ignored, with a note in the log."""
+    """The function and custom tools; other tool types are ignored, with a note in the log."""
     specs: list[ToolSpec] = []
-    for tool in tools:
+    for index, tool in enumerate(tools):
+        if tool.custom is not None and tool.type == "custom":
+            specs.append(_custom_spec(index, tool.custom))
+            continue
         if not tool.is_function or tool.function is None:
             log.info("%s: ignoring a tool of type %s (only function tools are offered)",
                      request_id, shown(repr(tool.type)))  # fmt: skip
@@ -185,12 +193,26 @@ def offered_tools(tools: Iterable[ChatTool], request_id: str) -> list[ToolSpec]:
     return specs
 
 
+def _custom_spec(index: int, tool: CustomDefinition) -> ToolSpec:
+    fmt = tool.format
+    grammar = None
+    if isinstance(fmt, GrammarFormat):
+        where = f"tools[{index}].custom.format.grammar.definition"
+        grammar = InputGrammar(fmt.grammar.syntax, fmt.grammar.definition, where)
+    return freeform_tool(tool.name, tool.description, grammar)
+
+
+def custom_names(tools: Iterable[ChatTool]) -> set[str]:
+    """The names of the request's custom tools, whose calls are answered as raw text."""
+    return {t.custom.name for t in tools if t.type == "custom" and t.custom is not None}
+
+
 def tool_choice(req: ChatCompletionRequest) -> ToolChoice:
     """The engine's tool choice; `parallel_tool_calls: false` means at most one call."""
     parallel = req.parallel_tool_calls is not False
     choice = req.tool_choice
     if isinstance(choice, NamedToolChoice):
-        return ToolChoice(mode="tool", name=choice.function.name, parallel=parallel)
+        return ToolChoice(mode="tool", name=choice.name, parallel=parallel)
     if choice == "none":
         return ToolChoice(mode="none")
     if choice == "required":
@@ -297,20 +319,22 @@ class _OpenCalls:
         self._calls = []
 
 
+def _call_record(index: int, n: int, call: ToolCall) -> ToolCallRecord:
+    """A call of the history: a custom tool's raw text is its one `input` argument."""
+    if call.custom is not None and call.type == "custom":
+        arguments = {FREEFORM_INPUT: call.custom.input}
+        return ToolCallRecord(engine_call_id(call.id), call.custom.name, arguments)
+    assert call.function is not None  # the wire type requires it
+    where = f"messages.{index}.tool_calls.{n}.function.arguments"
+    arguments = history_arguments(call.function.arguments, where)
+    return ToolCallRecord(engine_call_id(call.id), call.function.name, arguments)
+
+
 def _assistant_message(index: int, message: AssistantMessage) -> ChatMessage:
     content = message.content
     if isinstance(content, list):
         content = "".join(p.text if isinstance(p, TextPart) else _refusal(p) for p in content)
-    calls = [
-        ToolCallRecord(
-            id=engine_call_id(call.id),
-            name=call.function.name,
-            arguments=history_arguments(
-                call.function.arguments, f"messages.{index}.tool_calls.{n}.function.arguments"
-            ),
-        )
-        for n, call in enumerate(message.tool_calls or [])
-    ]
+    calls = [_call_record(index, n, call) for n, call in enumerate(message.tool_calls or [])]
     reasoning = message.reasoning_content or message.reasoning
     return ChatMessage(
         role="assistant", content=content or "", reasoning=reasoning or None, tool_calls=calls

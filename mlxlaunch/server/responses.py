@@ -27,6 +27,7 @@ from mlxlaunch.protocol.openai_responses import (
     InputItem,
     InputItemOrEasy,
     OtherItem,
+    OutputCustomToolCall,
     OutputFunctionCall,
     OutputItem,
     OutputMessage,
@@ -217,5 +218,12 @@ def as_input_item(item: OutputItem) -> dict[str, Any]:
             "arguments": item.arguments,
         }
         return call | ({"namespace": item.namespace} if item.namespace else {})
+    if isinstance(item, OutputCustomToolCall):
+        return {
+            "type": "custom_tool_call",
+            "call_id": item.call_id,
+            "name": item.name,
+            "input": item.input,
+        }
     summary = [{"type": "summary_text", "text": part.text} for part in item.summary]
     return {"type": "reasoning", "summary": summary}

@@ -21,8 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlxlaunch.engine.types import (
+    FREEFORM_INPUT,
     ChatMessage,
     GenerationRequest,
+    InputGrammar,
     InvalidRequest,
     RequestKind,
     Role,
@@ -35,11 +37,13 @@ from mlxlaunch.protocol.limits import shown_names
 from mlxlaunch.protocol.openai_responses import (
     WEB_SEARCH_TOOL_TYPES,
     ContentPart,
+    CustomTool,
     CustomToolCallItem,
     CustomToolCallOutputItem,
     FunctionCallItem,
     FunctionCallOutputItem,
     FunctionTool,
+    GrammarInputFormat,
     InputImage,
     InputItem,
     InputText,
@@ -51,11 +55,12 @@ from mlxlaunch.protocol.openai_responses import (
     ReasoningItem,
     Refusal,
     ResponsesRequest,
+    ToolChoiceCustom,
     ToolChoiceFunction,
     ToolChoiceOther,
     WebSearchTool,
 )
-from mlxlaunch.server.call_arguments import history_arguments
+from mlxlaunch.server.call_arguments import freeform_tool, history_arguments
 from mlxlaunch.server.images import TEXT_ONLY, ImageAccess, ImageCheck, url_image
 from mlxlaunch.server.web_search import WebSearchPolicy, web_search_spec
 
@@ -69,8 +74,6 @@ DEFAULT_MAX_OUTPUT_TOKENS = 32_768
 # The model sees a `local_shell_call` as a call of this tool, with the arguments of Codex's
 # own function-style shell tool (command, workdir, timeout_ms).
 LOCAL_SHELL_TOOL = "shell"
-# A freeform custom tool's raw-text input is, to the model, the call's one string argument.
-CUSTOM_TOOL_INPUT = "input"
 # What the model calls the hosted web search tool.
 WEB_SEARCH_TOOL = "web_search"
 # Items whose whole content is another server's encryption: dropping one would silently lose
@@ -96,10 +99,12 @@ def engine_call_id(call_id: str) -> str:
 
 @dataclass(frozen=True)
 class ToolNames:
-    """The function tools of one request under the names the model sees, both ways."""
+    """The tools of one request under the names the model sees, both ways, and which of
+    them are freeform (`custom`) tools, answered with raw text."""
 
     wire: dict[str, tuple[str | None, str]] = field(default_factory=dict)  # model → (ns, name)
     model: dict[tuple[str | None, str], str] = field(default_factory=dict)
+    custom: set[str] = field(default_factory=set)  # model names of the custom tools
 
     def for_model(self, namespace: str | None, name: str) -> str:
         return self.model.get((namespace, name), name)
@@ -108,14 +113,19 @@ class ToolNames:
         return self.wire.get(model_name, (None, model_name))
 
 
-def function_tools(body: ResponsesRequest) -> tuple[list[ToolSpec], ToolNames]:
-    """The function tools, namespaces flattened; other tool types are ignored (one note)."""
-    top: list[FunctionTool] = []
+def offered_tools(body: ResponsesRequest) -> tuple[list[ToolSpec], ToolNames]:
+    """The function and custom tools, namespaces flattened; other tool types (hosted ones)
+    are ignored (one note)."""
+    top: list[ToolSpec] = []
     grouped: list[tuple[str, str | None, FunctionTool]] = []
     ignored: list[str] = []
-    for tool in body.tools or []:
+    names = ToolNames()
+    for index, tool in enumerate(body.tools or []):
         if isinstance(tool, FunctionTool):
-            top.append(tool)
+            top.append(_spec(tool.name, tool))
+        elif isinstance(tool, CustomTool):
+            top.append(_custom_spec(index, tool))
+            names.custom.add(tool.name)
         elif isinstance(tool, WebSearchTool):
             continue  # the server runs it (`search_policies`)
         elif isinstance(tool, NamespaceTool):
@@ -128,13 +138,12 @@ def function_tools(body: ResponsesRequest) -> tuple[list[ToolSpec], ToolNames]:
             ignored.append(tool.type or "?")
     if ignored:
         log.info("responses: tool types not served, ignored: %s", shown_names(ignored))
-    names = ToolNames()
     specs: list[ToolSpec] = []
-    taken = {tool.name for tool in top}
-    for tool in top:
-        names.wire[tool.name] = (None, tool.name)
-        names.model[(None, tool.name)] = tool.name
-        specs.append(_spec(tool.name, tool))
+    taken = {spec.name for spec in top}
+    for spec in top:
+        names.wire[spec.name] = (None, spec.name)
+        names.model[(None, spec.name)] = spec.name
+        specs.append(spec)
     for namespace, _, tool in grouped:
         model_name = tool.name if tool.name not in taken else f"{namespace}__{tool.name}"
         taken.add(model_name)
@@ -152,6 +161,14 @@ def _spec(name: str, tool: FunctionTool) -> ToolSpec:
         parameters=parameters,
         strict=bool(tool.strict),
     )
+
+
+def _custom_spec(index: int, tool: CustomTool) -> ToolSpec:
+    fmt = tool.format
+    grammar = None
+    if isinstance(fmt, GrammarInputFormat):
+        grammar = InputGrammar(fmt.syntax, fmt.definition, f"tools[{index}].format.definition")
+    return freeform_tool(tool.name, tool.description or "", grammar)
 
 
 def to_generation_request(
@@ -173,7 +190,7 @@ def to_generation_request(
         InvalidRequest: an output for an unknown call, a call left without output, an image
             for a model without vision, arguments that are not a JSON object.
     """
-    tools, names = function_tools(body)
+    tools, names = offered_tools(body)
     tools += [web_search_spec(name) for name in searches]
     check = ImageCheck(images)
     messages = conversation(items, names, check)
@@ -217,7 +234,7 @@ def tool_choice(
         return ToolChoice(mode="none")
     if choice == "required":
         return ToolChoice(mode="any", parallel=parallel, wire="required")
-    if isinstance(choice, ToolChoiceFunction):
+    if isinstance(choice, ToolChoiceFunction | ToolChoiceCustom):
         named = next((m for m, (_, n) in names.wire.items() if n == choice.name), choice.name)
         return ToolChoice(mode="tool", name=named, parallel=parallel)
     if _forces_search(body) and WEB_SEARCH_TOOL in searches:  # the hosted tool, by its type
@@ -274,7 +291,7 @@ class _Conversation:
             self._function_output(index, item)
         elif isinstance(item, CustomToolCallItem):
             name = self.names.for_model(None, item.name)
-            self._call(item.call_id, name, {CUSTOM_TOOL_INPUT: item.input})
+            self._call(item.call_id, name, {FREEFORM_INPUT: item.input})
         elif isinstance(item, CustomToolCallOutputItem):
             output = self._text(f"input.{index}.output", item.output, in_tool_result=True)
             self._output(index, item.call_id, output, "custom_tool_call")

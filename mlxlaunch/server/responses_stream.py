@@ -7,7 +7,8 @@ done, one item open at a time; response.completed or .incomplete last) and folds
 
 Thinking is a `reasoning` item whose summary is the thinking text (a local model's thinking
 is not secret); the client sends it back and the next prompt renders it where the model
-wrote it. Tool-call arguments stream as the engine's deltas, which join to JSON text.
+wrote it. Tool-call arguments stream as the engine's deltas, which join to JSON text; a custom
+(freeform) tool's call streams the raw text of its one `input` argument, decoded as it comes.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import time
 from typing import Any
 
 from mlxlaunch.engine.types import (
+    FREEFORM_INPUT,
     Admitted,
     Done,
     Progress,
@@ -31,11 +33,13 @@ from mlxlaunch.engine.types import (
 from mlxlaunch.engine.types import Usage as EngineUsage
 from mlxlaunch.protocol.limits import shown
 from mlxlaunch.protocol.openai_responses import (
-    ArgumentsDeltaEvent,
     ArgumentsDoneEvent,
     ContentPartEvent,
+    CustomInputDoneEvent,
     IncompleteDetails,
     InputTokensDetails,
+    ItemDeltaEvent,
+    OutputCustomToolCall,
     OutputFunctionCall,
     OutputItem,
     OutputItemEvent,
@@ -57,7 +61,7 @@ from mlxlaunch.protocol.openai_responses import (
     TextDoneEvent,
     WebSearchCallEvent,
 )
-from mlxlaunch.server.call_arguments import model_arguments
+from mlxlaunch.server.call_arguments import StringArgumentStream, freeform_input, model_arguments
 from mlxlaunch.server.responses_mapping import ToolNames, client_call_id
 from mlxlaunch.server.web_search import SERVER_CALL_PREFIX, SearchOutcome, ServedEvent
 
@@ -109,6 +113,7 @@ class ResponseStream:
         self._open: OutputItem | None = None
         self._engine_call: str | None = None  # the engine id of the open function call
         self._streamed = False  # the open call has had argument deltas
+        self._input: StringArgumentStream | None = None  # the open custom call's input
 
     @property
     def finished(self) -> bool:
@@ -253,34 +258,52 @@ class ResponseStream:
 
     def _open_call(self, out: list[StreamEvent], engine_id: str, model_name: str) -> None:
         namespace, name = self._names.for_client(model_name)
-        call = OutputFunctionCall(
-            id=_item_id("fc"), call_id=client_call_id(engine_id), name=name, namespace=namespace
-        )
-        self._add(out, call)
+        call_id = client_call_id(engine_id)
+        if model_name in self._names.custom:
+            self._add(out, OutputCustomToolCall(id=_item_id("ctc"), call_id=call_id, name=name))
+            self._input = StringArgumentStream(FREEFORM_INPUT)
+        else:
+            call = OutputFunctionCall(
+                id=_item_id("fc"), call_id=call_id, name=name, namespace=namespace
+            )
+            self._add(out, call)
         self._engine_call = engine_id
         self._streamed = False
 
     def _arguments(self, out: list[StreamEvent], piece: str) -> None:
         call = self._open
+        if isinstance(call, OutputCustomToolCall):
+            assert self._input is not None
+            self._input_text(out, call, self._input.feed(piece))
+            return
         assert isinstance(call, OutputFunctionCall)
         call.arguments += piece
         self._streamed = True
-        self._emit(
-            out,
-            ArgumentsDeltaEvent(
-                type="response.function_call_arguments.delta",
-                item_id=call.id,
-                output_index=self._index,
-                delta=piece,
-            ),
-        )
+        self._item_delta(out, "response.function_call_arguments.delta", call.id, piece)
+
+    def _input_text(self, out: list[StreamEvent], call: OutputCustomToolCall, text: str) -> None:
+        if text:
+            call.input += text
+            self._item_delta(out, "response.custom_tool_call_input.delta", call.id, text)
+
+    def _item_delta(self, out: list[StreamEvent], kind: str, item_id: str, piece: str) -> None:
+        delta = ItemDeltaEvent(type=kind, item_id=item_id, output_index=self._index, delta=piece)
+        self._emit(out, delta)
 
     def _end_call(self, out: list[StreamEvent], event: ToolCallEvent) -> None:
         """A call ends: one that streamed closes; one that arrives whole is sent as one delta."""
-        streaming = isinstance(self._open, OutputFunctionCall) and self._engine_call == event.id
-        if not streaming:
+        open_call = isinstance(self._open, OutputFunctionCall | OutputCustomToolCall)
+        if not (open_call and self._engine_call == event.id):
             self._open_call(out, event.id, event.name)
-        if not self._streamed:
+        call = self._open
+        if isinstance(call, OutputCustomToolCall):
+            text = freeform_input(event.arguments)
+            if text.startswith(call.input):
+                self._input_text(out, call, text[len(call.input) :])
+            else:  # the streamed pieces read otherwise than the whole: the whole is the call
+                log.warning("custom tool call %s: streamed input differs", shown(call.name))
+                call.input = text
+        elif not self._streamed:
             arguments = model_arguments(event.arguments)
             if arguments is None:
                 log.warning(
@@ -321,6 +344,18 @@ class ResponseStream:
                 ),
             )
             self._emit(out, self._summary_event("response.reasoning_summary_part.done"))
+        elif isinstance(item, OutputCustomToolCall):
+            self._emit(
+                out,
+                CustomInputDoneEvent(
+                    type="response.custom_tool_call_input.done",
+                    item_id=item.id,
+                    output_index=index,
+                    input=item.input,
+                ),
+            )
+            self._engine_call = None
+            self._input = None
         elif isinstance(item, OutputFunctionCall):
             if model_arguments(item.arguments) is None:  # the engine promises JSON; if not, {}
                 log.warning(

@@ -19,6 +19,7 @@ from cli_process import MLX, run_quietly
 
 __all__ = [
     "MLX",
+    "git_work",
     "launch_argv",
     "launch_env",
     "real_claude",
@@ -85,6 +86,16 @@ def real_opencode() -> Path:
     from mlxlaunch.launch.integrations import OPENCODE
 
     return _pinned_or_skip(OPENCODE)
+
+
+def git_work(tmp_path: Path) -> Path:
+    """A `work` git repository under `tmp_path` (`codex exec` runs only in one, by Codex's
+    own rule, which the launcher never lifts for the user), beside the user's empty home."""
+    work = tmp_path / "work"
+    work.mkdir()
+    subprocess.run(["git", "init", "-q", str(work)], check=True)
+    (tmp_path / "user").mkdir()
+    return work
 
 
 def launch_env(tmp_path: Path) -> dict[str, str]:

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
-from e2e.launching import launch_argv, launch_env, run_launch
+from e2e.launching import git_work, launch_argv, launch_env, run_launch
 from scripted_mlx import scripted_mlx_command, write_script
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -28,12 +27,7 @@ RESPONSE_LINE = re.compile(
 def test_codex_exec_runs_a_shell_tool_round_trip(
     tmp_path: Path, real_codex: Path, small_model_dir: Path
 ) -> None:
-    work = tmp_path / "work"
-    work.mkdir()
-    # Codex's own rule, kept: `codex exec` runs in a git repository (or with its
-    # --skip-git-repo-check, which the launcher never adds for the user).
-    subprocess.run(["git", "init", "-q", str(work)], check=True)
-    (tmp_path / "user").mkdir()
+    work = git_work(tmp_path)
     call = {"name": "exec_command", "arguments": {"cmd": "echo codex-proof > proof.txt"}}
     tool_turn = f"</think>\n\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
     final = "The proof file is written."

@@ -33,6 +33,7 @@ from typing import Any
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from mlxlaunch.engine.decoding.grammar import json_rule, lark_literal, markup_symbol, text_without
+from mlxlaunch.engine.decoding.input_grammar import input_rules
 from mlxlaunch.engine.decoding.schema_refs import (
     allows_undeclared,
     as_schema,
@@ -43,7 +44,13 @@ from mlxlaunch.engine.decoding.schema_refs import (
     required_first,
     string_only,
 )
-from mlxlaunch.engine.types import InvalidRequest, ToolChoice, ToolSpec
+from mlxlaunch.engine.types import (
+    FREEFORM_INPUT,
+    InputGrammar,
+    InvalidRequest,
+    ToolChoice,
+    ToolSpec,
+)
 from mlxlaunch.store.dialects import IdStyle, JsonEnvelope, ParamElements, ValueTyping
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
@@ -62,11 +69,15 @@ class CallTool:
         schema: what its arguments must match (local `$ref`s inlined).
         sent: the schema as the client sent it, which is what a family's parser reads argument
             types from (None: the same as `schema`).
+        grammar: a freeform tool's grammar, which its one string parameter follows (the
+            families that write JSON or raw text; Gemma's and Harmony's notations take the
+            string as their schema says).
     """
 
     name: str
     schema: dict[str, Any]
     sent: dict[str, Any] | None = None
+    grammar: InputGrammar | None = None
 
     @property
     def declared(self) -> dict[str, Any]:
@@ -98,6 +109,19 @@ class LarkRules:
     def json(self, schema: dict[str, Any]) -> str:
         """A new rule for one JSON value matching `schema`; returns its name."""
         return self.rule(json_rule(schema))
+
+    def input_text(self, grammar: InputGrammar, *, escaped: bool) -> str:
+        """The rules of a freeform tool's input grammar (its characters as a JSON string
+        writes them when `escaped`); returns the name of its top rule."""
+        self._count += 1
+        rules = input_rules(grammar, f"g{self._count}", escaped=escaped)
+        self._lines.append(rules.text.rstrip("\n"))
+        return rules.start
+
+    def json_string(self, grammar: InputGrammar) -> str:
+        """A JSON string whose text follows `grammar`."""
+        quote = lark_literal('"')
+        return f"{quote} {self.input_text(grammar, escaped=True)} {quote}"
 
     def define(self, name: str, body: str) -> None:
         """A rule with a given name (`call`, or one referenced before it exists)."""
@@ -134,6 +158,7 @@ def constrained_tools(
             t.name,
             argument_schema(t.parameters, inline=inline) if forced or t.strict else ANY_OBJECT,
             t.parameters,
+            t.grammar if forced or t.strict else None,
         )
         for t in offered
     ]
@@ -164,7 +189,10 @@ def envelope_call(
     Mistral's `[CALL_ID]<9 alphanumerics>` where the id style asks for them)."""
     rules = LarkRules()
     if envelope.named_object is not None:
-        body = rules.json(_named_object(tools, envelope.named_object))
+        if any(t.grammar is not None for t in tools):
+            body = _named_alternatives(rules, tools, envelope.named_object)
+        else:
+            body = rules.json(_named_object(tools, envelope.named_object))
         rules.define("call", _spaced(_literal(envelope.lead), body, _literal(envelope.trail)))
         return rules.text()
     symbol = functools.partial(_marker, tokenizer)
@@ -177,7 +205,8 @@ def envelope_call(
     else:
         names = [lark_literal(t.name) for t in tools]
     alternatives = [
-        f"{name} {arguments} {rules.json(t.schema)}" for name, t in zip(names, tools, strict=True)
+        f"{name} {arguments} {_json_arguments(rules, t)}"
+        for name, t in zip(names, tools, strict=True)
     ]
     calls = f"({' | '.join(alternatives)})"
     rules.define("call", _spaced(symbol(envelope.call_open), calls, symbol(envelope.call_close)))
@@ -198,6 +227,27 @@ def _named_object(tools: Sequence[CallTool], arguments: str) -> dict[str, Any]:
     return bodies[0] if len(bodies) == 1 else {"anyOf": bodies}
 
 
+def _json_arguments(rules: LarkRules, tool: CallTool) -> str:
+    """A tool's arguments object: its schema's, or a freeform tool's one string in its
+    grammar (written as `json.dumps` writes the object, as the %json options do)."""
+    if tool.grammar is None:
+        return rules.json(tool.schema)
+    key = lark_literal("{" + json_text(FREEFORM_INPUT) + ": ")
+    return f"{key} {rules.json_string(tool.grammar)} {lark_literal('}')}"
+
+
+def _named_alternatives(rules: LarkRules, tools: Sequence[CallTool], arguments: str) -> str:
+    """A named object written out, `{"name": "<tool>", "<arguments>": {...}}`, one branch per
+    tool: a freeform tool's arguments are no %json (llguidance takes no %json branch beside a
+    literal one that starts alike), so the name is a literal for every tool."""
+    branches = []
+    for tool in tools:
+        head = lark_literal(f"{json_text(tool.name)[1:]}, {json_text(arguments)}: ")
+        branches.append(f"{head} {_json_arguments(rules, tool)}")
+    opening, closing = lark_literal('{"name": "'), lark_literal("}")
+    return rules.rule(f"{opening} ({' | '.join(branches)}) {closing}")
+
+
 def pythonic_call(tokenizer: TokenizerWrapper, tools: Sequence[CallTool]) -> str:
     """`<tool>(key=value, ...)`, calls comma-separated in one `<|tool_call_start|>[...]
     <|tool_call_end|>` section (LFM2); values are JSON literals, which Python reads too."""
@@ -211,9 +261,8 @@ def pythonic_call(tokenizer: TokenizerWrapper, tools: Sequence[CallTool]) -> str
             if not name.isidentifier():
                 skip_or_refuse(name, required, "pythonic")
                 continue
-            items.append(
-                (f"{lark_literal(name + '=')} {rules.json(props[name])}", name in required)
-            )
+            value = _grammar_or_json(rules, tool, name, props[name])
+            items.append((f"{lark_literal(name + '=')} {value}", name in required))
         if not props and allows_undeclared(tool.schema):
             key = rules.terminal(KEY_PATTERN)
             item = rules.rule(f'{key} "=" {rules.json({})}')
@@ -266,7 +315,11 @@ def params_call(
         parts = []
         for name in required_first(props, required):
             raw = raw_text(as_schema(sent.get(name)), props[name])
-            if raw:
+            grammar = tool.grammar if name == FREEFORM_INPUT else None
+            if grammar is not None:
+                text = rules.input_text(grammar, escaped=False) if raw else None
+                value = f"{text or rules.json_string(grammar)} {end}"
+            elif raw:
                 value = _raw_value(rules, props[name], close, end)
             elif elements.python_booleans and props[name].get("type") == "boolean":
                 value = f'("true" | "false" | "True" | "False") {end}'
@@ -311,6 +364,13 @@ RAW_TEXT: dict[ValueTyping, RawText] = {
     "dsml": lambda sent, resolved: string_only(resolved),
     "json": lambda sent, resolved: False,
 }
+
+
+def _grammar_or_json(rules: LarkRules, tool: CallTool, name: str, schema: dict[str, Any]) -> str:
+    """A parameter's JSON value: a freeform tool's input in its grammar, else the schema's."""
+    if tool.grammar is not None and name == FREEFORM_INPUT:
+        return rules.json_string(tool.grammar)
+    return rules.json(schema)
 
 
 def _json_or_plain(rules: LarkRules, schema: dict[str, Any]) -> str:

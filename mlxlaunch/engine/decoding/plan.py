@@ -10,7 +10,8 @@ Which constraint applies, in order:
 2. a response schema (`output_config.format`): the text is one JSON value matching it;
 3. `tool_choice` auto with `strict` tools: free text, but calls of strict tools match their
    schema (skipped, not refused, when the model's tool syntax has no grammar: strict is a
-   guarantee we can only give for the families `tool_grammar` covers).
+   guarantee we can only give for the families `tool_grammar` covers). A freeform tool with a
+   grammar is strict: its input follows the grammar (`input_grammar`).
 The thinking budget applies on top of any of them.
 
 Planning runs on a thread of its own (`Engine._plan_decoding`) and holds the engine's tokenizer
@@ -41,6 +42,7 @@ from mlxlaunch.engine.decoding.harmony_grammar import (
     harmony_schema_constraint,
     harmony_tool_constraint,
 )
+from mlxlaunch.engine.decoding.input_grammar import check_input_grammar
 from mlxlaunch.engine.decoding.schema_limits import check_grammar_inputs
 from mlxlaunch.engine.decoding.thinking import ThinkingBudget
 from mlxlaunch.engine.decoding.tool_grammar import supported_families, tool_call_constraint
@@ -181,6 +183,9 @@ def _constraint(
     info: ModelInfo,
 ) -> GrammarConstraint | None:
     check_grammar_inputs(_grammar_inputs(request))
+    for tool in request.tools:  # every one: a broken grammar is a 400 whatever the model
+        if tool.grammar is not None:
+            check_input_grammar(tool.grammar)
     think_end = info.think_end if opens_thinking else None
     choice = request.tool_choice
     family = info.tool_format or ""
