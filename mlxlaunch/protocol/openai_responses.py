@@ -1,20 +1,17 @@
 """Wire types of OpenAI's Responses API (`POST /v1/responses`), what Codex CLI speaks.
 
-Requests are lenient as Codex needs: unknown fields, unknown input-item types and unknown
-tool types (`local_shell`, …) are accepted and dropped by the mapping
-with a log note; what would change the output if misread is strict (roles, a function call's
-`call_id`/`name`/`arguments`, a function call output's `call_id`). A `namespace` tool (Codex
-0.171 puts its sub-agent tools in one) holds function tools, which are served flattened.
+Requests are lenient as Codex needs: unknown fields, input-item types and tool types
+(`local_shell`, …) are accepted and dropped by the mapping with a log note; what would change
+the output if misread is strict (roles, a function call's `call_id`/`name`/`arguments`, a
+function call output's `call_id`). A `namespace` tool (Codex 0.171 puts its sub-agent tools
+in one) holds function tools, served flattened. The hosted `web_search` tool is served
+(server/web_search.py); a `custom` tool's call is a `custom_tool_call` with raw text.
 
 Responses, output items, usage, stream events and the error envelope are the shapes the
-official SDK and Codex read; every stream event carries `type` and `sequence_number`. The
-hosted `web_search` tool is served (server/web_search.py): its call is a `web_search_call`;
-a `custom` (freeform) tool's call is a `custom_tool_call` with raw text.
+official SDK and Codex read; every stream event carries `type` and `sequence_number`.
 
-Why over 600 lines: it is the whole of one API's wire, each item type in its input form and
-its output form (messages, function calls, custom tool calls, web searches, reasoning) and
-each stream event, flat declarations with no logic; the discriminated unions name members
-from every part, so split, the halves would import each other's items.
+Why over 600 lines: one API's whole wire, flat declarations with no logic, whose
+discriminated unions name members from every part: split, the halves would import each other.
 """
 
 from __future__ import annotations

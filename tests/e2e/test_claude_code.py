@@ -150,3 +150,48 @@ def test_the_haiku_tier_is_served_by_the_small_model(
     assert reply in done.stdout
     served = re.findall(r"msg_\w+ model=(\S+) .* status=200 served=(\S+)", log)
     assert served and all(by == tiny_model_dir.name for _, by in served), log
+
+
+@pytest.mark.slow
+def test_a_real_sessions_transcript_reads_back_and_its_resume_is_warm(
+    tmp_path: Path, real_claude: Path, small_model_dir: Path
+) -> None:
+    """Issue 36 on the real CLI: the transcript Claude Code itself writes reads back into the
+    conversation it sent, and `mlx launch claude -- --resume ID` prefills it while Claude Code
+    starts, so the first resumed turn reuses the recorded session from the prefix cache."""
+    from mlxlaunch.launch.transcripts import read_transcript
+
+    call = {"name": "Bash", "arguments": {"command": "echo hi > hi.txt", "description": "Write"}}
+    tool_turn = f"</think>\n\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
+    done, _ = _launch(
+        tmp_path,
+        real_claude,
+        small_model_dir,
+        [tool_turn] + ["</think>\n\nWritten."] * 2,
+        ["-p", "write hi.txt", "--allowedTools", "Bash"],
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    [path] = [p for p in (tmp_path / "user" / ".claude" / "projects").glob("*/*.jsonl")]
+    transcript = read_transcript(path)
+    assert transcript.session_id == path.stem and len(transcript.turns) >= 2
+    sent = json.dumps(transcript.resume_body["messages"])
+    assert "write hi.txt" in sent and "echo hi > hi.txt" in sent  # the call and its result
+
+    env = launch_env(tmp_path)
+    mlx = scripted_mlx_command(write_script(tmp_path / "again.json", ["</think>\n\nDone."] * 3))
+    argv = launch_argv(mlx, "claude", small_model_dir, real_claude,
+                       ["--resume", transcript.session_id, "-p", "say done"],
+                       "--env", "CLAUDE_CODE_MAX_OUTPUT_TOKENS=64")  # fmt: skip
+    for old in (tmp_path / "mlx" / "logs").glob("launch-*.log"):
+        old.unlink()  # this launch's log alone
+    done, log = run_launch(argv, tmp_path / "work", env, timeout=240)
+    assert done.returncode == 0, done.stdout + done.stderr
+    warmed = re.search(rf"warm resume of {transcript.session_id}: (\d+) prompt tokens ready", log)
+    assert warmed, log
+    served = [(int(p), int(c)) for p, c in re.findall(
+        r"msg_\w+ model=\S+ prompt=(\d+) cached=(\d+) .* status=200", log)]  # fmt: skip
+    # The warm-up itself, then Claude Code's first resumed turn (its title request has no tools
+    # and a prompt of its own): the turn with the largest prompt is the resumed one.
+    prompt, cached = max(served[1:], key=lambda s: s[0])
+    print(f"resumed turn: {cached}/{prompt} tokens cached, warm-up {warmed.group(1)} tokens")
+    assert cached >= 0.5 * prompt, log

@@ -156,3 +156,14 @@ def _size(n: int) -> str:
     if n >= GIB:
         return f"{n / GIB:.2f} GiB"
     return f"{n / 1024**2:.1f} MiB"
+
+
+def memory_budget(
+    fraction: float | None, model: Any, kv: KVQuantization | None
+) -> MemoryBudget | None:
+    """Set MLX's memory limits to `fraction` of RAM and measure, right after a load, what the
+    KV cache of `model` may use under them (None: no limit is set, nothing is checked)."""
+    if fraction is None:
+        return None
+    limits = apply_memory_limits(fraction)
+    return MemoryBudget(limits.limit, int(mx.get_active_memory()), kv_bytes_per_token(model, kv))

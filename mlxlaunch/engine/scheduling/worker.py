@@ -37,8 +37,7 @@ from mlxlaunch.engine.runtime import cpu_attention, freed_memory
 from mlxlaunch.engine.runtime.loader import LoadedModel, load_model
 from mlxlaunch.engine.runtime.memory import (
     MemoryBudget,
-    apply_memory_limits,
-    kv_bytes_per_token,
+    memory_budget,
     window_that_fits,
 )
 from mlxlaunch.engine.runtime.mlx_thread import run_on_mlx_thread
@@ -604,7 +603,9 @@ class Worker:
             raise
         self.loaded = loaded
         cpu_attention.install(loaded.base_model)  # the CPU backend's, before the model runs
-        self._memory = self._memory_budget(loaded)
+        self._memory = memory_budget(self.config.memory_fraction, loaded.base_model, loaded.kv)
+        if self._memory is not None:
+            self.stats.memory_limit_bytes = self._memory.limit
         # No longer a window than this machine holds the KV of (what clients are told).
         shards = self.config.cluster.group.size if self.config.cluster else 1
         window = window_that_fits(loaded.info.context_window, self._memory, loaded.kv, shards)
@@ -664,15 +665,6 @@ class Worker:
         if hook is not None:
             processors += list(hook(job.request, self._require_loaded().tokenizer) or [])
         return processors
-
-    def _memory_budget(self, loaded: LoadedModel) -> MemoryBudget | None:
-        fraction = self.config.memory_fraction
-        if fraction is None:
-            return None
-        limits = apply_memory_limits(fraction)
-        self.stats.memory_limit_bytes = limits.limit
-        per_token = kv_bytes_per_token(loaded.base_model, loaded.kv)
-        return MemoryBudget(limits.limit, int(mx.get_active_memory()), per_token)
 
     def _sweep(self) -> None:
         """Idle: clear the buffer cache or unload the model when the sweeper says so."""
