@@ -188,10 +188,13 @@ def test_a_real_sessions_transcript_reads_back_and_its_resume_is_warm(
     assert done.returncode == 0, done.stdout + done.stderr
     warmed = re.search(rf"warm resume of {transcript.session_id}: (\d+) prompt tokens ready", log)
     assert warmed, log
-    served = [(int(p), int(c)) for p, c in re.findall(
-        r"msg_\w+ model=\S+ prompt=(\d+) cached=(\d+) .* status=200", log)]  # fmt: skip
-    # The warm-up itself, then Claude Code's first resumed turn (its title request has no tools
-    # and a prompt of its own): the turn with the largest prompt is the resumed one.
-    prompt, cached = max(served[1:], key=lambda s: s[0])
+    lines = re.findall(
+        r"msg_\w+ model=\S+ prompt=(\d+) cached=(\d+) output=(\d+) .* status=200", log
+    )
+    warm_up = (warmed.group(1), "1")  # its prompt, one output token
+    turns = [(int(p), int(c)) for p, c, out in lines if (p, out) != warm_up]
+    # Claude Code's first resumed turn has the largest prompt (its title request, if any, has
+    # no tools): it reuses the recorded session the warm-up prefilled.
+    prompt, cached = max(turns)
     print(f"resumed turn: {cached}/{prompt} tokens cached, warm-up {warmed.group(1)} tokens")
-    assert cached >= 0.5 * prompt, log
+    assert cached >= 0.9 * prompt, log
