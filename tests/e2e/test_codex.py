@@ -44,3 +44,35 @@ def test_codex_exec_runs_a_shell_tool_round_trip(
     # Nothing of the launch is left behind: the per-launch CODEX_HOME is gone.
     assert not list((tmp_path / "mlx" / "agents" / "codex").glob("launch-*"))
     assert not (tmp_path / "user" / ".codex").exists()  # the user's own Codex home untouched
+
+
+def test_codex_sessions_rollout_reads_back_and_its_resume_is_warm(
+    tmp_path: Path, real_codex: Path, small_model_dir: Path
+) -> None:
+    """Issue 36 on the real CLI: the rollout Codex writes (kept in mlxlaunch's home across
+    launches) reads back into what it sent, and `mlx launch codex -- exec resume --last`
+    prefills that session while Codex starts."""
+    from mlxlaunch.launch.transcripts import read_transcript
+
+    work = git_work(tmp_path)
+    env = launch_env(tmp_path)
+    call = {"name": "exec_command", "arguments": {"cmd": "echo resumed > r.txt"}}
+    tool_turn = f"</think>\n\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
+    script = write_script(tmp_path / "one.json", [tool_turn] + ["</think>\n\nWritten."] * 3)
+    argv = launch_argv(scripted_mlx_command(script), "codex", small_model_dir, real_codex,
+                       ["exec", "write r.txt"])  # fmt: skip
+    done, _ = run_launch(argv, work, env, timeout=420)
+    assert done.returncode == 0, done.stdout + done.stderr
+    [rollout] = (tmp_path / "mlx" / "agents" / "codex" / "sessions").glob("*/*/*/rollout-*.jsonl")
+    transcript = read_transcript(rollout)
+    assert transcript.agent == "codex" and len(transcript.turns) >= 2
+    assert "echo resumed > r.txt" in json.dumps(transcript.resume_body)
+
+    for old in (tmp_path / "mlx" / "logs").glob("launch-*.log"):
+        old.unlink()  # this launch's log alone
+    script = write_script(tmp_path / "two.json", ["</think>\n\nDone."] * 3)
+    argv = launch_argv(scripted_mlx_command(script), "codex", small_model_dir, real_codex,
+                       ["exec", "resume", "--last", "say done"])  # fmt: skip
+    done, log = run_launch(argv, work, env, timeout=420)
+    assert done.returncode == 0, done.stdout + done.stderr + log
+    assert re.search(rf"warm resume of {transcript.session_id}: \d+ prompt tokens ready", log), log

@@ -19,6 +19,8 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from mlxlaunch.launch.codex_config import codex_dirs
+
 CLAUDE_RESUME = ("--resume", "-r")
 CLAUDE_CONTINUE = ("--continue", "-c")
 CODEX_LAST = "--last"
@@ -83,10 +85,13 @@ def claude_session_file(args: Sequence[str], cwd: Path, environ: Mapping[str, st
     return _newest(list(projects.glob(f"*/{session}.jsonl"))) if projects.is_dir() else None
 
 
-def codex_sessions(environ: Mapping[str, str]) -> Path:
-    """Where Codex CLI keeps its rollouts."""
+def codex_sessions(environ: Mapping[str, str]) -> list[Path]:
+    """Where Codex CLI keeps its rollouts: its own home's (`$CODEX_HOME`, else `~/.codex`),
+    and the one `mlx launch codex` keeps across launches (launch/codex_config.py), which is
+    where the sessions that launch ran are."""
     home = environ.get("CODEX_HOME")
-    return (Path(home) if home else _home(environ) / ".codex") / "sessions"
+    own = (Path(home) if home else _home(environ) / ".codex") / "sessions"
+    return [own, codex_dirs() / "sessions"]
 
 
 def _codex_request(args: Sequence[str]) -> str | None:
@@ -117,10 +122,9 @@ def _rollout_cwd(path: Path) -> str | None:
 def codex_session_file(args: Sequence[str], cwd: Path, environ: Mapping[str, str]) -> Path | None:
     """The rollout `codex … resume` resumes, or None (none asked, or none found)."""
     asked = _codex_request(args)
-    root = codex_sessions(environ)
-    if asked is None or not root.is_dir():
+    if asked is None:
         return None
-    rollouts = list(root.glob("*/*/*/rollout-*.jsonl"))
+    rollouts = [p for root in codex_sessions(environ) for p in root.glob("*/*/*/rollout-*.jsonl")]
     if asked != CODEX_LAST:
         return _newest([p for p in rollouts if p.stem.endswith(asked)])
     here = [p for p in rollouts if _rollout_cwd(p) == str(cwd)]
