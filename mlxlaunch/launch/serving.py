@@ -26,6 +26,7 @@ from rich.console import Console
 from mlxlaunch.engine.config import ClusterRole, EngineConfig, LogitsHook
 from mlxlaunch.engine.models import MISSING, ModelRole, ModelSet, ServedModel, companion_config
 from mlxlaunch.errors import MlxLaunchError
+from mlxlaunch.home import mlxlaunch_home
 from mlxlaunch.launch.child import terminating_like_ctrl_c
 from mlxlaunch.launch.claude_env import claude_model_id, client_settings
 from mlxlaunch.launch.models import (
@@ -41,6 +42,7 @@ from mlxlaunch.launch.warm import warm_up_in_background
 from mlxlaunch.protocol.limits import plain_model_id
 from mlxlaunch.server.app import ServerSettings
 from mlxlaunch.server.runner import DEFAULT_DRAIN_S, ServerHandle, start_server
+from mlxlaunch.server.sealed_reasoning import ReasoningSeal
 from mlxlaunch.store.catalog import vision_pick
 from mlxlaunch.store.facts import weights_size
 from mlxlaunch.store.memory import system_memory_bytes, usable_memory
@@ -163,6 +165,8 @@ def serving(
         stack.callback(engine.close)
         if settings.threads_dir is None:
             settings = replace(settings, threads_dir=conversations_dir(config))
+        # One key for this machine's servers: a session's sealed reasoning outlives a restart.
+        settings = replace(settings, reasoning_seal=ReasoningSeal.kept_in(reasoning_key_file()))
         server = start_server(engine, settings, log_level=log_level)
         stack.callback(server.stop, DRAIN_S)
         window = _load(engine, model, load, console, engine_options.context_length)
@@ -187,6 +191,11 @@ def serving(
         )
         stack.callback(remove_state, state_pid or os.getpid())
         yield served
+
+
+def reasoning_key_file() -> Path:
+    """Where this machine's servers keep the key that seals Codex's reasoning."""
+    return mlxlaunch_home() / "keys" / "reasoning.key"
 
 
 def find_in_store(model_id: str) -> Path | Literal["missing"] | None:

@@ -118,13 +118,14 @@ class SummaryText(ResponsesWire):
 
 
 class ReasoningItem(ResponsesWire):
-    """Reasoning of an earlier turn: its readable text is kept, encrypted content ignored."""
+    """Reasoning of an earlier turn: its readable text, or the reasoning this server sealed
+    into `encrypted_content` (server/sealed_reasoning.py); another server's is ignored."""
 
     type: Literal["reasoning"]
     summary: list[SummaryText] = Field(default_factory=list)
     content: list[SummaryText] | None = None
-    # Another server's: no prompt uses it, so it is never dumped (a stored response keeps
-    # only what its prompt is made of, server/response_store.py).
+    # Never dumped: a stored response keeps only what its prompt is made of
+    # (server/response_store.py), and a stored turn's reasoning is kept as text.
     encrypted_content: Annotated[str | None, Field(exclude=True)] = None
     id: str | None = None
 
@@ -498,6 +499,7 @@ class OutputReasoning(OutputWire):
     id: str
     summary: list[SummaryPart] = Field(default_factory=list)
     status: str = "in_progress"
+    encrypted_content: str | None = None  # when `include` asks: server/sealed_reasoning.py
 
 
 class SearchSource(OutputWire):

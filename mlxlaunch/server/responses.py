@@ -49,6 +49,7 @@ from mlxlaunch.server.request_log import RequestLog, log_refusal
 from mlxlaunch.server.response_store import ResponseStore
 from mlxlaunch.server.responses_mapping import search_policies, to_generation_request
 from mlxlaunch.server.responses_stream import ResponseStream, new_response, new_response_id
+from mlxlaunch.server.sealed_reasoning import INCLUDE_NAME
 from mlxlaunch.server.settings import ServerSettings, ServingEngine, served_model_info
 from mlxlaunch.server.streaming import answer_whole, stream_response, submit
 from mlxlaunch.server.web_search import ServedEvent, request_runner
@@ -109,6 +110,7 @@ class ResponsesApi:
                 thinks=info is None or info.has_thinking,  # unknown before the load
                 context_window=info.context_window if info else None,
                 searches=frozenset(policies),
+                seal=self.settings.reasoning_seal,
             )
         )
         store = body.store is not False
@@ -117,7 +119,13 @@ class ResponsesApi:
         # store: false and resends its history). Pins never outrank the main session.
         if store and body.previous_response_id:
             gen = replace(gen, pin_prefix_s=self.store.pin_s)
-        stream = ResponseStream(_echo(body, response_id, store), names, frozenset(policies))
+        sealed = INCLUDE_NAME in (body.include or [])
+        stream = ResponseStream(
+            _echo(body, response_id, store),
+            names,
+            frozenset(policies),
+            seal=self.settings.reasoning_seal if sealed else None,
+        )
         record = RequestLog(response_id, body.model, time.monotonic())
         runner = request_runner(self.engine, policies, self.settings.search)
         generation = await submit(

@@ -62,6 +62,7 @@ from mlxlaunch.protocol.openai_responses import (
 )
 from mlxlaunch.server.call_arguments import freeform_tool, history_arguments
 from mlxlaunch.server.images import TEXT_ONLY, ImageAccess, ImageCheck, url_image
+from mlxlaunch.server.sealed_reasoning import ForgedSeal, ReasoningSeal
 from mlxlaunch.server.web_search import WebSearchPolicy, web_search_spec
 
 log = logging.getLogger("mlxlaunch.server")
@@ -180,11 +181,13 @@ def to_generation_request(
     thinks: bool,
     context_window: int | None,
     searches: Collection[str] = (),
+    seal: ReasoningSeal | None = None,
 ) -> tuple[GenerationRequest, ToolNames]:
     """The engine request for `body` whose whole input is `items` (a continued response's
     history included), and the tool names to answer calls with.
 
-    `searches`: the names of the web search tools the server runs (`search_policies`).
+    `searches`: the names of the web search tools the server runs (`search_policies`);
+    `seal`: opens the reasoning this server sealed into `encrypted_content` (None: none is).
 
     Raises:
         InvalidRequest: an output for an unknown call, a call left without output, an image
@@ -193,7 +196,7 @@ def to_generation_request(
     tools, names = offered_tools(body)
     tools += [web_search_spec(name) for name in searches]
     check = ImageCheck(images)
-    messages = conversation(items, names, check)
+    messages = conversation(items, names, check, seal)
     if body.instructions:
         if messages and messages[0].role == "system":
             messages[0].content = PART_SEPARATOR.join((body.instructions, messages[0].content))
@@ -273,9 +276,12 @@ def request_kind(messages: list[ChatMessage], tools: list[ToolSpec]) -> RequestK
 class _Conversation:
     """Messages being built, with the open assistant turn's calls and their outputs."""
 
-    def __init__(self, names: ToolNames, images: ImageCheck) -> None:
+    def __init__(
+        self, names: ToolNames, images: ImageCheck, seal: ReasoningSeal | None = None
+    ) -> None:
         self.names = names
         self.images = images
+        self.seal = seal
         self.out: list[ChatMessage] = []
         self.assistant: ChatMessage | None = None  # the run of assistant items being read
         self.calls: list[ToolCallRecord] = []  # the latest assistant turn's calls
@@ -301,7 +307,9 @@ class _Conversation:
             call_id = item.call_id or item.id or ""
             self._output(index, call_id, item.output, "local_shell_call")
         elif isinstance(item, ReasoningItem):
-            text = "\n".join(p.text for p in [*item.summary, *(item.content or [])] if p.text)
+            text = self._sealed(index, item.encrypted_content)
+            if text is None:  # another server's, or none: what is readable of it
+                text = "\n".join(p.text for p in [*item.summary, *(item.content or [])] if p.text)
             turn = self._open_assistant()
             if text:
                 turn.reasoning = "\n".join(t for t in (turn.reasoning, text) if t)
@@ -313,6 +321,15 @@ class _Conversation:
             )
         else:
             self.ignored.add(item.type or "?")
+
+    def _sealed(self, index: int, content: str | None) -> str | None:
+        """The reasoning exactly as generated, where this server sealed it (None: not ours)."""
+        if self.seal is None:
+            return None
+        try:
+            return self.seal.open(content)
+        except ForgedSeal as exc:
+            raise InvalidRequest(f"input.{index}.encrypted_content: {exc}") from exc
 
     def _open_assistant(self) -> ChatMessage:
         if self.assistant is None:
@@ -414,11 +431,14 @@ class _Conversation:
 
 
 def conversation(
-    items: Sequence[InputItem], names: ToolNames, images: ImageCheck | None = None
+    items: Sequence[InputItem],
+    names: ToolNames,
+    images: ImageCheck | None = None,
+    seal: ReasoningSeal | None = None,
 ) -> list[ChatMessage]:
     """The chat-template messages for `items`, in order (images through `images`; None: a
-    text-only model's)."""
-    built = _Conversation(names, images or ImageCheck(TEXT_ONLY))
+    text-only model's; reasoning this server sealed opened with `seal`)."""
+    built = _Conversation(names, images or ImageCheck(TEXT_ONLY), seal)
     for index, item in enumerate(items):
         built.add(index, item)
     built._end_assistant()

@@ -63,6 +63,7 @@ from mlxlaunch.protocol.openai_responses import (
 )
 from mlxlaunch.server.call_arguments import StringArgumentStream, freeform_input, model_arguments
 from mlxlaunch.server.responses_mapping import ToolNames, client_call_id
+from mlxlaunch.server.sealed_reasoning import ReasoningSeal
 from mlxlaunch.server.web_search import SERVER_CALL_PREFIX, SearchOutcome, ServedEvent
 
 log = logging.getLogger("mlxlaunch.server")
@@ -98,14 +99,21 @@ class ResponseStream:
         names: the request's tool names, to answer calls under the client's names.
         server_tools: names of the tools the server runs (web search): a call of one is a
             `web_search_call` item, done when its `SearchOutcome` comes.
+        seal: where the client asked for `reasoning.encrypted_content`, what seals each
+            reasoning item's text into it (server/sealed_reasoning.py).
     """
 
     def __init__(
-        self, response: ResponseObject, names: ToolNames, server_tools: frozenset[str] = frozenset()
+        self,
+        response: ResponseObject,
+        names: ToolNames,
+        server_tools: frozenset[str] = frozenset(),
+        seal: ReasoningSeal | None = None,
     ) -> None:
         self.response = response
         self._names = names
         self._server_tools = server_tools
+        self._seal = seal  # seals each reasoning item's text into it (`include` asked)
         self._searches: dict[str, OutputWebSearchCall] = {}  # srvtoolu_ id → its item
         self._sequence = 0
         self._started = False
@@ -344,6 +352,8 @@ class ResponseStream:
                 ),
             )
             self._emit(out, self._summary_event("response.reasoning_summary_part.done"))
+            if self._seal is not None:
+                item.encrypted_content = self._seal.seal(text)
         elif isinstance(item, OutputCustomToolCall):
             self._emit(
                 out,

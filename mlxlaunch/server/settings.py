@@ -16,6 +16,7 @@ from mlxlaunch.server.conversation_files import ThreadLimits
 from mlxlaunch.server.guards import HttpLimits
 from mlxlaunch.server.images import ImageAccess, ImageLimits
 from mlxlaunch.server.safeguards import SAFEGUARDS_MIN_PARAMETERS
+from mlxlaunch.server.sealed_reasoning import ReasoningSeal
 from mlxlaunch.server.search_backends import SearchBackend
 
 
@@ -101,6 +102,9 @@ class ServerSettings:
     # Where the web search server tool's queries go (server/web_search.py); None: its calls
     # are answered "not configured" (`mlx config set search.backend …`).
     search: SearchBackend | None = None
+    # Seals the reasoning Codex carries between turns (`reasoning.encrypted_content`); the
+    # launcher keeps its key in mlxlaunch's home so sessions outlive a restart.
+    reasoning_seal: ReasoningSeal = field(default_factory=ReasoningSeal)
 
     def image_access(self, info: ModelInfo | None) -> ImageAccess:
         """What images the loaded model (`info`; None before the first load) may be sent."""
