@@ -142,3 +142,38 @@ def test_a_changed_seal_is_a_400_naming_the_field(tmp_path: Path) -> None:
                              headers={"x-api-key": "x"}, timeout=300)  # fmt: skip
         assert refused.status_code == 400, refused.text
         assert "input.1.encrypted_content" in refused.json()["error"]["message"]
+
+
+@pytest.mark.slow
+def test_conversations_under_different_cache_keys_keep_each_others_prefix(
+    tiny_model_dir: Path,
+) -> None:
+    """Issue 33's `prompt_cache_key`: two Codex conversations taking turns, each under its
+    own key, never evict each other's prefix while the cache's budget holds both, and each
+    turn shows its key in /v1/stats."""
+    from engine_helpers import serve
+
+    with serve(tiny_model_dir) as served:
+        url = served.server.url
+        histories: dict[str, list[dict[str, Any]]] = {
+            key: [{"role": "user", "content": f"Conversation {key}: " + tool_result_text(i, 900)}]
+            for i, key in enumerate(("codex-a", "codex-b"))
+        }
+        last_prompt: dict[str, int] = {}
+        for turn in range(3):
+            for key, items in histories.items():
+                served.scripted.enqueue(f"Turn {turn} of {key} is done.")
+                body = {"model": "m", "input": items, "store": False, "prompt_cache_key": key,
+                        "max_output_tokens": 12}  # fmt: skip
+                answer = httpx.post(url + "/v1/responses", json=body, timeout=300).json()
+                usage = answer["usage"]
+                if key in last_prompt:  # everything it sent last time, the other one between
+                    assert usage["input_tokens_details"]["cached_tokens"] >= last_prompt[key]
+                last_prompt[key] = usage["input_tokens"]
+                items += [*answer["output"], {"role": "user", "content": f"Next {turn}."}]
+        recent = httpx.get(url + "/v1/stats", timeout=30).json()["recent"]
+        assert [r["cache_key"] for r in recent[-2:]] == ["codex-a", "codex-b"]
+        sessions = {
+            s["key"]: s for s in httpx.get(url + "/v1/stats", timeout=30).json()["sessions"]
+        }
+        assert sessions["codex-a"]["turns"] == sessions["codex-b"]["turns"] == 3
