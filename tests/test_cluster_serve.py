@@ -316,6 +316,9 @@ def test_a_model_that_cannot_be_split_so_is_refused_before_any_rank_starts(
     assert time.monotonic() - started < 60
 
 
+# Two whole Claude Code prompts on the medium model (the sharded serve's, then one process's):
+# 117 s quiet, past the default 300 s under a load of 5.
+@pytest.mark.timeout(900)
 def test_a_cluster_holds_its_kv_at_the_bits_the_rank_spec_carries(tmp_path: Path) -> None:
     # Every rank quantizes its own heads' KV (the spec tells each one --kv-bits); a rank that
     # did not would attend over other numbers and the greedy answer would differ.
