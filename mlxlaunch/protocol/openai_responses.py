@@ -118,14 +118,12 @@ class SummaryText(ResponsesWire):
 
 
 class ReasoningItem(ResponsesWire):
-    """Reasoning of an earlier turn: its readable text, or the reasoning this server sealed
-    into `encrypted_content` (server/sealed_reasoning.py); another server's is ignored."""
+    """An earlier turn's reasoning: its text, or what we sealed (server/sealed_reasoning.py)."""
 
     type: Literal["reasoning"]
     summary: list[SummaryText] = Field(default_factory=list)
     content: list[SummaryText] | None = None
-    # Never dumped: a stored response keeps only what its prompt is made of
-    # (server/response_store.py), and a stored turn's reasoning is kept as text.
+    # Never dumped: a stored turn keeps its reasoning as text (server/response_store.py).
     encrypted_content: Annotated[str | None, Field(exclude=True)] = None
     id: str | None = None
 
