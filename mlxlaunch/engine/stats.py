@@ -95,38 +95,30 @@ MAX_SESSIONS = 32
 
 
 def next_session(previous: SessionRecord | None, record: RequestRecord) -> SessionRecord:
-    """`previous` (None: a new session) with the turn `record` added."""
-    turn = (previous.turns if previous else 0) + 1
-    session = SessionRecord(
-        key=record.cache_key,
-        turns=turn,
-        prompt_tokens=(previous.prompt_tokens if previous else 0) + record.prompt_tokens,
-        cached_tokens=(previous.cached_tokens if previous else 0) + record.cached_tokens,
+    """`previous` (None: a new session) with the turn `record` added; its latest miss is kept
+    unless this turn is one."""
+    base = previous or SessionRecord(record.cache_key, 0, 0, 0, "", 0, 0, 0.0)
+    session = replace(
+        base,
+        turns=base.turns + 1,
+        prompt_tokens=base.prompt_tokens + record.prompt_tokens,
+        cached_tokens=base.cached_tokens + record.cached_tokens,
         last_request_id=record.request_id,
         last_prompt_tokens=record.prompt_tokens,
         last_cached_tokens=record.cached_tokens,
         last_ttft_s=record.ttft_s,
     )
-    missed = record.cache_reuse == "partial" or (record.cache_reuse == "fresh" and turn > 1)
-    if missed:
-        return replace(
+    reuse = record.cache_reuse
+    if reuse == "partial" or (reuse == "fresh" and session.turns > 1):
+        session = replace(
             session,
-            miss_turn=turn,
+            miss_turn=session.turns,
             miss_request_id=record.request_id,
             miss_prompt_tokens=record.prompt_tokens,
             miss_cached_tokens=record.cached_tokens,
-            miss_reuse=record.cache_reuse,
+            miss_reuse=reuse,
         )
-    if previous is None:
-        return session
-    return replace(
-        session,
-        miss_turn=previous.miss_turn,
-        miss_request_id=previous.miss_request_id,
-        miss_prompt_tokens=previous.miss_prompt_tokens,
-        miss_cached_tokens=previous.miss_cached_tokens,
-        miss_reuse=previous.miss_reuse,
-    )
+    return session
 
 
 @dataclass(frozen=True)
